@@ -1,0 +1,100 @@
+"""The durable store: channels' message logs, subscription and client state, limits, recovery.
+
+`open_store` is the one entry point the server uses; both stores satisfy the `Store` interface.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from storage.base import SCHEMA_VERSION, Store, StoreStatistics
+from storage.errors import (
+    ChannelError,
+    ChannelNameConflictError,
+    ClusterIdMismatchError,
+    IntegrityError,
+    SchemaVersionError,
+    StoreError,
+    StoreFullError,
+    StoreLockedError,
+    StoreWriteError,
+    TooManyChannelsError,
+    UnknownChannelError,
+)
+from storage.limits import ChannelLimits, StoreLimits
+from storage.lmdb_store import LmdbStore
+from storage.memory_store import MemoryStore
+from storage.records import (
+    AppendResult,
+    ChannelInfo,
+    ClearPending,
+    ClientRecord,
+    DeleteSubscription,
+    ExpireResult,
+    Message,
+    NewMessage,
+    RecoveredState,
+    RecoveredSubscription,
+    SaveSubscription,
+    ServerInfo,
+    SetLastSent,
+    SetPending,
+    StartPosition,
+    SubOptions,
+    SubscriptionRecord,
+    SubUpdate,
+)
+
+
+def open_store(
+    kind: str, directory: str | Path | None, cluster_id: str, limits: StoreLimits | None = None
+) -> Store:
+    """Open the store the configuration names: "lmdb" (needs a directory) or "memory"."""
+    if kind == "memory":
+        return MemoryStore(cluster_id, limits)
+    if kind == "lmdb":
+        if directory is None:
+            raise ValueError("the lmdb store needs a data directory")
+        return LmdbStore(directory, cluster_id, limits)
+    raise ValueError(f"unknown store kind {kind!r} (expected 'lmdb' or 'memory')")
+
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "AppendResult",
+    "ChannelError",
+    "ChannelInfo",
+    "ChannelLimits",
+    "ChannelNameConflictError",
+    "ClearPending",
+    "ClientRecord",
+    "ClusterIdMismatchError",
+    "DeleteSubscription",
+    "ExpireResult",
+    "IntegrityError",
+    "LmdbStore",
+    "MemoryStore",
+    "Message",
+    "NewMessage",
+    "RecoveredState",
+    "RecoveredSubscription",
+    "SaveSubscription",
+    "SchemaVersionError",
+    "ServerInfo",
+    "SetLastSent",
+    "SetPending",
+    "StartPosition",
+    "Store",
+    "StoreError",
+    "StoreFullError",
+    "StoreLimits",
+    "StoreLockedError",
+    "StoreStatistics",
+    "StoreWriteError",
+    "SubOptions",
+    "SubUpdate",
+    "SubscriptionRecord",
+    "TooManyChannelsError",
+    "UnknownChannelError",
+    "open_store",
+]

@@ -1,0 +1,173 @@
+"""The `Store` interface that the server programs against, and the logic both stores share.
+
+Durability contract (every implementation that says `recoverable = True`):
+- `append` returns only after the batch is on disk (fsynced): the server sends PubAcks only then, so
+  an acknowledged publish survives a crash of the process or of the machine.
+- `apply` (subscription records, pending entries, last-sent positions) and client registrations are
+  committed atomically per call but may be fsynced lazily: after a machine crash the last of these
+  batches may be missing, which can only make the server redeliver a message, never lose one.
+- A batch is all or nothing: after any error nothing of it is visible and everything committed
+  before it is intact.
+
+A store is used from one thread at a time per operation; it may be called from worker threads (the
+LMDB store serialises writers and lets reads run beside them). It knows nothing of networks, timers
+or delivery policy.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Iterable, Sequence
+from typing import ClassVar
+
+import attrs
+
+from storage.errors import ChannelNameConflictError, TooManyChannelsError, UnknownChannelError
+from storage.limits import StoreLimits
+from storage.records import (
+    AppendResult,
+    ChannelInfo,
+    ClientRecord,
+    ExpireResult,
+    Message,
+    NewMessage,
+    RecoveredState,
+    SubUpdate,
+)
+
+SCHEMA_VERSION = 1
+
+
+@attrs.frozen(slots=True)
+class StoreStatistics:
+    """Space used by the store; map sizes are 0 for stores without a memory map."""
+
+    messages_used_bytes: int
+    messages_map_size_bytes: int
+    state_used_bytes: int
+    state_map_size_bytes: int
+
+
+class Store(abc.ABC):
+    recoverable: ClassVar[bool]
+    limits: StoreLimits
+
+    def __init__(self, limits: StoreLimits) -> None:
+        self.limits = limits
+        self._channels: dict[str, ChannelInfo] = {}  # by lower-cased name
+
+    # -- channels -----------------------------------------------------------------------------
+
+    def channel_info(self, name: str) -> ChannelInfo | None:
+        """The channel with exactly this name, or None. A case-only clash raises."""
+        info = self._channels.get(name.lower())
+        if info is not None and info.name != name:
+            raise ChannelNameConflictError(name, info.name)
+        return info
+
+    def channels(self) -> list[ChannelInfo]:
+        return sorted(self._channels.values(), key=lambda c: c.channel_id)
+
+    def ensure_channel(self, name: str) -> ChannelInfo:
+        """Look up a channel, creating it on first use (limits and case rules apply)."""
+        info = self.channel_info(name)
+        if info is not None:
+            return info
+        if not name:
+            raise ValueError("channel name must not be empty")
+        if self.limits.max_channels > 0 and len(self._channels) >= self.limits.max_channels:
+            raise TooManyChannelsError()
+        return self._create_channel(name)
+
+    @abc.abstractmethod
+    def _create_channel(self, name: str) -> ChannelInfo: ...
+
+    @abc.abstractmethod
+    def delete_channel(self, name: str) -> None:
+        """Delete a channel, its messages and every subscription on it."""
+
+    def _known(self, name: str) -> ChannelInfo:
+        info = self.channel_info(name)
+        if info is None:
+            raise UnknownChannelError(name)
+        return info
+
+    # -- messages ------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def append(self, messages: Sequence[NewMessage], now_unix_ns: int | None = None) -> AppendResult:
+        """Store a batch in one transaction (group commit); channels must exist (`ensure_channel`).
+
+        Timestamps are `now_unix_ns` (default: the wall clock) clamped so they never go backwards
+        within a channel. Retention limits are applied in the same transaction.
+        """
+
+    @abc.abstractmethod
+    def read(self, channel: str, start_seq: int, max_count: int) -> list[Message]:
+        """Up to `max_count` stored messages with seq >= start_seq, in order (gaps skipped)."""
+
+    def get(self, channel: str, seq: int) -> Message | None:
+        found = self.read(channel, seq, 1)
+        return found[0] if found and found[0].seq == seq else None
+
+    def first_seq_at_or_after(self, channel: str, timestamp_unix_ns: int) -> int:
+        """First stored sequence whose timestamp is >= the given one; last_seq + 1 if none.
+
+        Timestamps never decrease within a channel and stored sequences are contiguous, so this
+        is a binary search with no index.
+        """
+        info = self._known(channel)
+        lo, hi = info.first_seq, info.last_seq + 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            msg = self.get(channel, mid)
+            if msg is None:  # evicted while we searched: everything below is gone too
+                lo = mid + 1
+            elif msg.timestamp_unix_ns < timestamp_unix_ns:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    @abc.abstractmethod
+    def expire(self, now_unix_ns: int | None = None) -> ExpireResult:
+        """Apply MaxAge to every channel (the age sweep)."""
+
+    # -- subscriptions and clients -----------------------------------------------------------
+
+    @abc.abstractmethod
+    def new_subscription_id(self) -> int:
+        """A subscription id never handed out before by this store."""
+
+    @abc.abstractmethod
+    def apply(self, updates: Iterable[SubUpdate]) -> None:
+        """Apply subscription, last-sent and pending updates in one transaction, in order."""
+
+    @abc.abstractmethod
+    def register_client(self, client: ClientRecord) -> None: ...
+
+    @abc.abstractmethod
+    def unregister_client(self, client_id: str) -> None: ...
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def recover(self) -> RecoveredState:
+        """Everything needed to rebuild the server's state (what is stored now)."""
+
+    @abc.abstractmethod
+    def statistics(self) -> StoreStatistics: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def now_or(now_unix_ns: int | None) -> int:
+    return time.time_ns() if now_unix_ns is None else now_unix_ns

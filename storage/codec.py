@@ -1,0 +1,123 @@
+"""Byte layouts of what the LMDB store writes: keys, message values with their checksum, records.
+
+Keys are fixed-width big-endian integers so byte order is numeric order and a cursor's `set_range`
+finds "first >= seq". A message value is
+
+    timestamp_unix_ns (>q) | crc32 (>I) | reply length (>H) | reply (utf-8) | data
+
+where the CRC covers the key (channel id and sequence, so a value found under the wrong key is caught
+too), the timestamp and everything after the CRC. Records that change rarely (subscriptions, clients,
+channel names) are JSON produced by cattrs, so adding a field does not need a migration.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from typing import Any, TypeVar
+
+import cattrs.preconf.json
+
+from storage.errors import IntegrityError
+from storage.records import ChannelInfo, Message
+
+U32 = struct.Struct(">I")
+U64 = struct.Struct(">Q")
+MSG_KEY = struct.Struct(">IQ")  # channel id, sequence
+PENDING_KEY = struct.Struct(">QQ")  # subscription id, sequence
+_TS = struct.Struct(">q")
+_REPLY_LEN = struct.Struct(">H")
+_CRC = struct.Struct(">I")
+MSG_HEADER_SIZE = _TS.size + _CRC.size + _REPLY_LEN.size
+MAX_REPLY_BYTES = 0xFFFF
+_CHANNEL = struct.Struct(">IQQQQq")  # id, first, last, msgs, bytes, last timestamp
+
+_converter = cattrs.preconf.json.make_converter()
+T = TypeVar("T")
+
+
+def message_size(reply: bytes, data: bytes) -> int:
+    """Bytes a message counts for against MaxBytes: its stored value (same in every store)."""
+    return MSG_HEADER_SIZE + len(reply) + len(data)
+
+
+def encode_reply(reply: str) -> bytes:
+    encoded = reply.encode()
+    if len(encoded) > MAX_REPLY_BYTES:
+        raise ValueError(f"reply subject of {len(encoded)} bytes exceeds {MAX_REPLY_BYTES}")
+    return encoded
+
+
+def encode_message(key: bytes, timestamp_unix_ns: int, reply: bytes, data: bytes) -> bytes:
+    ts = _TS.pack(timestamp_unix_ns)
+    tail = _REPLY_LEN.pack(len(reply)) + reply + data
+    crc = zlib.crc32(tail, zlib.crc32(ts, zlib.crc32(key)))
+    return ts + _CRC.pack(crc) + tail
+
+
+def message_timestamp(value: bytes) -> int:
+    """The timestamp of an encoded message, without verifying it (used by eviction only)."""
+    return int(_TS.unpack_from(value)[0])
+
+
+def decode_message(key: bytes, value: bytes, channel: str) -> Message:
+    if len(value) < MSG_HEADER_SIZE:
+        raise _corrupt(key, channel, f"value of {len(value)} bytes is shorter than its header")
+    view = memoryview(value)
+    (stored_crc,) = _CRC.unpack_from(view, _TS.size)
+    tail = view[_TS.size + _CRC.size :]
+    if zlib.crc32(tail, zlib.crc32(view[: _TS.size], zlib.crc32(key))) != stored_crc:
+        raise _corrupt(key, channel, "checksum mismatch")
+    (reply_len,) = _REPLY_LEN.unpack_from(tail)
+    if _REPLY_LEN.size + reply_len > len(tail):
+        raise _corrupt(key, channel, "reply length past the end of the value")
+    reply_end = _REPLY_LEN.size + reply_len
+    _, seq = MSG_KEY.unpack(key)
+    return Message(
+        seq=seq,
+        timestamp_unix_ns=_TS.unpack_from(view)[0],
+        subject=channel,
+        reply=bytes(tail[_REPLY_LEN.size : reply_end]).decode(),
+        data=bytes(tail[reply_end:]),
+    )
+
+
+def _corrupt(key: bytes, channel: str, why: str) -> IntegrityError:
+    seq = MSG_KEY.unpack(key)[1] if len(key) == MSG_KEY.size else -1
+    return IntegrityError(f"channel {channel!r} message {seq}: stored value is corrupt ({why})")
+
+
+def encode_channel(info: ChannelInfo) -> bytes:
+    return (
+        _CHANNEL.pack(
+            info.channel_id, info.first_seq, info.last_seq, info.msgs, info.bytes, info.last_timestamp_unix_ns
+        )
+        + info.name.encode()
+    )
+
+
+def decode_channel(value: bytes) -> ChannelInfo:
+    if len(value) < _CHANNEL.size:
+        raise IntegrityError(f"channel record of {len(value)} bytes is truncated")
+    channel_id, first, last, msgs, size, last_ts = _CHANNEL.unpack_from(value)
+    return ChannelInfo(
+        name=bytes(value[_CHANNEL.size :]).decode(),
+        channel_id=channel_id,
+        first_seq=first,
+        last_seq=last,
+        msgs=msgs,
+        bytes=size,
+        last_timestamp_unix_ns=last_ts,
+    )
+
+
+def encode_record(record: Any) -> bytes:
+    return json.dumps(_converter.unstructure(record), separators=(",", ":")).encode()
+
+
+def decode_record(value: bytes, cls: type[T]) -> T:
+    try:
+        return _converter.structure(json.loads(bytes(value)), cls)
+    except (ValueError, cattrs.BaseValidationError) as exc:
+        raise IntegrityError(f"stored {cls.__name__} record is unreadable: {exc}") from exc

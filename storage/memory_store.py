@@ -1,0 +1,175 @@
+"""The in-memory store: the same contract as the LMDB store, lost when the process ends.
+
+`recover()` still returns what it holds, so the delivery engine can be rebuilt from it within one
+process (restart tests with a virtual clock use that).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable, Sequence
+
+import attrs
+
+from storage.base import SCHEMA_VERSION, Store, StoreStatistics, now_or
+from storage.codec import encode_reply, message_size
+from storage.limits import StoreLimits, plan_eviction
+from storage.records import (
+    AppendResult,
+    ChannelInfo,
+    ClearPending,
+    ClientRecord,
+    DeleteSubscription,
+    ExpireResult,
+    Message,
+    NewMessage,
+    RecoveredState,
+    RecoveredSubscription,
+    SaveSubscription,
+    ServerInfo,
+    SetLastSent,
+    SetPending,
+    SubscriptionRecord,
+    SubUpdate,
+)
+
+
+@attrs.frozen(slots=True)
+class _Stored:
+    timestamp_unix_ns: int
+    reply: str
+    data: bytes
+    size: int
+
+
+class MemoryStore(Store):
+    recoverable = False
+
+    def __init__(self, cluster_id: str = "test-cluster", limits: StoreLimits | None = None) -> None:
+        super().__init__(limits or StoreLimits())
+        self._server = ServerInfo(cluster_id, SCHEMA_VERSION, time.time_ns())
+        self._messages: dict[int, dict[int, _Stored]] = {}  # channel id -> seq -> message
+        self._channel_ids = itertools.count(1)
+        self._sub_ids = itertools.count(1)
+        self._subs: dict[int, SubscriptionRecord] = {}
+        self._pending: dict[int, dict[int, int]] = {}
+        self._clients: dict[str, ClientRecord] = {}
+
+    def _create_channel(self, name: str) -> ChannelInfo:
+        info = ChannelInfo(name=name, channel_id=next(self._channel_ids))
+        self._channels[name.lower()] = info
+        self._messages[info.channel_id] = {}
+        return info
+
+    def delete_channel(self, name: str) -> None:
+        info = self._known(name)
+        del self._channels[name.lower()]
+        del self._messages[info.channel_id]
+        for sub_id in [s.sub_id for s in self._subs.values() if s.channel == info.name]:
+            self._delete_sub(sub_id)
+
+    def append(self, messages: Sequence[NewMessage], now_unix_ns: int | None = None) -> AppendResult:
+        now = now_or(now_unix_ns)
+        infos = {m.channel: self._known(m.channel) for m in messages}
+        replies = [encode_reply(m.reply) for m in messages]  # validate all before changing anything
+        assigned: list[tuple[int, int]] = []
+        for msg, reply in zip(messages, replies):
+            info = infos[msg.channel]
+            seq, ts = info.last_seq + 1, max(now, info.last_timestamp_unix_ns)
+            size = message_size(reply, msg.data)
+            self._messages[info.channel_id][seq] = _Stored(ts, msg.reply, msg.data, size)
+            infos[msg.channel] = attrs.evolve(
+                info, last_seq=seq, msgs=info.msgs + 1, bytes=info.bytes + size, last_timestamp_unix_ns=ts
+            )
+            assigned.append((seq, ts))
+        dropped: dict[str, range] = {}
+        for name, info in infos.items():
+            info, gone = self._evict(info, now)
+            self._channels[name.lower()] = info
+            if gone:
+                dropped[name] = gone
+        return AppendResult(assigned, dropped)
+
+    def _evict(self, info: ChannelInfo, now: int) -> tuple[ChannelInfo, range]:
+        stored = self._messages[info.channel_id]
+        oldest = (
+            (stored[s].size, stored[s].timestamp_unix_ns) for s in range(info.first_seq, info.last_seq + 1)
+        )
+        count, freed = plan_eviction(self.limits.for_channel(info.name), info.msgs, info.bytes, oldest, now)
+        gone = range(info.first_seq, info.first_seq + count)
+        for seq in gone:
+            del stored[seq]
+        return attrs.evolve(info, first_seq=gone.stop, msgs=info.msgs - count, bytes=info.bytes - freed), gone
+
+    def read(self, channel: str, start_seq: int, max_count: int) -> list[Message]:
+        info = self._known(channel)
+        stored = self._messages[info.channel_id]
+        out = []
+        for seq in range(max(start_seq, info.first_seq), info.last_seq + 1):
+            if len(out) >= max_count:
+                break
+            m = stored.get(seq)
+            if m is not None:
+                out.append(Message(seq, m.timestamp_unix_ns, info.name, m.reply, m.data))
+        return out
+
+    def expire(self, now_unix_ns: int | None = None) -> ExpireResult:
+        now = now_or(now_unix_ns)
+        dropped: dict[str, range] = {}
+        next_expiry: int | None = None
+        for key, info in list(self._channels.items()):
+            max_age_ns = self.limits.for_channel(info.name).max_age_ns
+            if max_age_ns <= 0:
+                continue
+            info, gone = self._evict(info, now)
+            self._channels[key] = info
+            if gone:
+                dropped[info.name] = gone
+            if info.msgs:
+                due = self._messages[info.channel_id][info.first_seq].timestamp_unix_ns + max_age_ns
+                next_expiry = due if next_expiry is None else min(next_expiry, due)
+        return ExpireResult(dropped, next_expiry)
+
+    def new_subscription_id(self) -> int:
+        return next(self._sub_ids)
+
+    def apply(self, updates: Iterable[SubUpdate]) -> None:
+        for update in updates:
+            if isinstance(update, SetPending):
+                self._pending.setdefault(update.sub_id, {})[update.seq] = update.attempt
+            elif isinstance(update, ClearPending):
+                self._pending.get(update.sub_id, {}).pop(update.seq, None)
+            elif isinstance(update, SetLastSent):
+                record = self._subs.get(update.sub_id)
+                if record is not None:
+                    self._subs[update.sub_id] = attrs.evolve(record, last_sent=update.last_sent)
+            elif isinstance(update, SaveSubscription):
+                self._subs[update.record.sub_id] = update.record
+            elif isinstance(update, DeleteSubscription):
+                self._delete_sub(update.sub_id)
+
+    def _delete_sub(self, sub_id: int) -> None:
+        self._subs.pop(sub_id, None)
+        self._pending.pop(sub_id, None)
+
+    def register_client(self, client: ClientRecord) -> None:
+        self._clients[client.client_id] = client
+
+    def unregister_client(self, client_id: str) -> None:
+        self._clients.pop(client_id, None)
+
+    def recover(self) -> RecoveredState:
+        subs = []
+        for sub_id, record in sorted(self._subs.items()):
+            pending = dict(sorted(self._pending.get(sub_id, {}).items()))
+            last_sent = max([record.last_sent, *pending])
+            subs.append(RecoveredSubscription(attrs.evolve(record, last_sent=last_sent), pending))
+        return RecoveredState(self._server, self.channels(), list(self._clients.values()), subs)
+
+    def statistics(self) -> StoreStatistics:
+        used = sum(c.bytes for c in self._channels.values())
+        return StoreStatistics(used, 0, 0, 0)
+
+    def close(self) -> None:
+        pass

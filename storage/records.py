@@ -1,0 +1,173 @@
+"""The records the store keeps and returns: messages, channels, clients, subscriptions, updates."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Union
+
+import attrs
+
+
+class StartPosition(enum.IntEnum):
+    """Where a new subscription starts (numbers are the STAN protobuf enum values)."""
+
+    NEW_ONLY = 0
+    LAST_RECEIVED = 1
+    TIME_DELTA_START = 2
+    SEQUENCE_START = 3
+    FIRST = 4
+
+
+@attrs.frozen(slots=True)
+class NewMessage:
+    """A message to append; the store assigns its sequence and timestamp."""
+
+    channel: str
+    data: bytes
+    reply: str = ""
+
+
+@attrs.frozen(slots=True)
+class Message:
+    """A stored message. `subject` is the channel name, as in STAN's MsgProto."""
+
+    seq: int
+    timestamp_unix_ns: int
+    subject: str
+    reply: str
+    data: bytes
+
+
+@attrs.frozen(slots=True)
+class ChannelInfo:
+    """What the store knows about one channel. With no messages, first_seq == last_seq + 1."""
+
+    name: str
+    channel_id: int
+    first_seq: int = 1
+    last_seq: int = 0
+    msgs: int = 0
+    bytes: int = 0
+    last_timestamp_unix_ns: int = 0
+
+
+@attrs.frozen(slots=True)
+class AppendResult:
+    """Per input message (in input order) its (seq, timestamp); per channel the evicted sequences."""
+
+    assigned: list[tuple[int, int]]
+    dropped: dict[str, range]
+
+
+@attrs.frozen(slots=True)
+class ExpireResult:
+    """Sequences removed by the age sweep, and when the next message will be too old (None: never)."""
+
+    dropped: dict[str, range]
+    next_expiry_unix_ns: int | None
+
+
+@attrs.frozen(slots=True)
+class ClientRecord:
+    client_id: str
+    hb_inbox: str
+    conn_id: bytes = b""
+    protocol: int = 1
+    ping_interval: int = 0
+    ping_max_out: int = 0
+
+
+@attrs.frozen(slots=True)
+class SubOptions:
+    """Opt-in extensions beyond STAN (all off by default so stock behaviour is unchanged)."""
+
+    max_deliver: int = 0
+    dead_letter_channel: str = ""
+    backoff_ms: tuple[int, ...] = ()
+    max_inflight_redeliveries: bool = False
+
+
+@attrs.frozen(slots=True)
+class SubscriptionRecord:
+    """A subscription as persisted. `last_sent` is the sequence after which new deliveries start."""
+
+    sub_id: int
+    channel: str
+    client_id: str
+    inbox: str
+    ack_inbox: str
+    ack_wait_ms: int
+    max_inflight: int
+    durable_name: str = ""
+    queue_group: str = ""
+    start_position: StartPosition = StartPosition.NEW_ONLY
+    start_sequence: int = 0
+    start_time_delta_ns: int = 0
+    last_sent: int = 0
+    is_durable: bool = False
+    is_closed: bool = False
+    options: SubOptions = SubOptions()
+
+
+@attrs.frozen(slots=True)
+class SaveSubscription:
+    """Create or replace a subscription record (including its last_sent)."""
+
+    record: SubscriptionRecord
+
+
+@attrs.frozen(slots=True)
+class DeleteSubscription:
+    """Delete a subscription with its pending entries."""
+
+    sub_id: int
+
+
+@attrs.frozen(slots=True)
+class SetLastSent:
+    sub_id: int
+    last_sent: int
+
+
+@attrs.frozen(slots=True)
+class SetPending:
+    """Record `seq` as delivered and unacknowledged on `sub_id`, with its attempt count so far."""
+
+    sub_id: int
+    seq: int
+    attempt: int
+
+
+@attrs.frozen(slots=True)
+class ClearPending:
+    """`seq` left pending on `sub_id` (acked, moved to another member, evicted or dead-lettered)."""
+
+    sub_id: int
+    seq: int
+
+
+SubUpdate = Union[SaveSubscription, DeleteSubscription, SetLastSent, SetPending, ClearPending]
+
+
+@attrs.frozen(slots=True)
+class RecoveredSubscription:
+    record: SubscriptionRecord
+    pending: Mapping[int, int]  # seq -> attempt count
+
+
+@attrs.frozen(slots=True)
+class ServerInfo:
+    cluster_id: str
+    schema_version: int
+    created_unix_ns: int
+
+
+@attrs.frozen(slots=True)
+class RecoveredState:
+    """Everything needed to rebuild the server's state after a restart."""
+
+    server: ServerInfo
+    channels: list[ChannelInfo]
+    clients: list[ClientRecord]
+    subscriptions: list[RecoveredSubscription]

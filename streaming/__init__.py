@@ -1,0 +1,1 @@
+"""The server around the store: delivery engine, STAN protocol, Trio server and client, CLIs."""

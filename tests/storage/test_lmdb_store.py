@@ -1,0 +1,221 @@
+"""What only the LMDB store has: files, a lock, a memory map, checksums, a full disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from storage import (
+    ClusterIdMismatchError,
+    IntegrityError,
+    LmdbStore,
+    NewMessage,
+    SchemaVersionError,
+    StoreFullError,
+    StoreLockedError,
+    StoreWriteError,
+)
+from storage.codec import U32
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def child(*args: str, prefix: tuple[str, ...] = (), **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*prefix, sys.executable, "-m", "tests.storage.writer_child", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False, **kw,  # type: ignore[call-overload]
+    )
+
+
+def test_another_cluster_id_is_refused_naming_both(tmp_path: Path) -> None:
+    LmdbStore(tmp_path, "alpha").close()
+    with pytest.raises(ClusterIdMismatchError) as err:
+        LmdbStore(tmp_path, "beta")
+    assert 'cluster ID "beta" does not match recovered value of "alpha"' in str(err.value)
+    assert str(tmp_path) in str(err.value)
+    LmdbStore(tmp_path, "alpha").close()  # the failed open released the lock
+
+
+def test_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
+    LmdbStore(tmp_path).close()
+    env = lmdb.open(str(tmp_path / "msgs"), max_dbs=4)
+    with env.begin(write=True, db=env.open_db(b"meta")) as txn:
+        txn.put(b"schema_version", U32.pack(99))
+    env.close()
+    with pytest.raises(SchemaVersionError, match="schema version 99, newer than the 1 this server supports"):
+        LmdbStore(tmp_path)
+
+
+def test_a_second_process_on_the_directory_fails_at_once(tmp_path: Path) -> None:
+    store = LmdbStore(tmp_path)
+    store.ensure_channel("foo")
+    store.append([NewMessage("foo", b"before")])
+    code = "import sys; from storage import LmdbStore; LmdbStore(sys.argv[1])"
+    started = time.monotonic()
+    other = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert other.returncode != 0
+    assert time.monotonic() - started < 30, "the second process must not wait for the lock"
+    assert "StoreLockedError" in other.stderr
+    assert f"data directory {tmp_path} is in use by another process (pid {os.getpid()})" in other.stderr
+    store.append([NewMessage("foo", b"after")])  # the first is unaffected
+    assert [m.data for m in store.read("foo", 1, 5)] == [b"before", b"after"]
+    store.close()
+
+
+def test_the_lock_is_exclusive_within_one_process_too(tmp_path: Path) -> None:
+    with LmdbStore(tmp_path), pytest.raises(StoreLockedError):
+        LmdbStore(tmp_path)
+
+
+def test_the_map_grows_when_full(tmp_path: Path) -> None:
+    store = LmdbStore(tmp_path, map_size=64 * 1024)
+    store.ensure_channel("a")
+    for _ in range(20):
+        store.append([NewMessage("a", b"x" * 4000) for _ in range(50)])
+    stats = store.statistics()
+    assert stats.messages_map_size_bytes > 64 * 1024
+    assert stats.messages_used_bytes <= stats.messages_map_size_bytes
+    info = store.channel_info("a")
+    assert info is not None
+    assert info.msgs == 1000
+    assert len(store.read("a", 1, 2000)) == 1000
+
+
+def test_reaching_the_maximum_map_size_fails_cleanly(tmp_path: Path) -> None:
+    store = LmdbStore(tmp_path, map_size=256 * 1024, max_map_size=1024 * 1024)
+    store.ensure_channel("a")
+    committed = 0
+    with pytest.raises(StoreFullError, match="maximum size"):
+        for _ in range(100):
+            store.append([NewMessage("a", b"x" * 30_000)])
+            committed += 1
+    assert committed > 0
+    assert len(store.read("a", 1, 1000)) == committed
+    store.close()
+    with LmdbStore(tmp_path, map_size=256 * 1024) as again:
+        assert len(again.read("a", 1, 1000)) == committed
+
+
+def _store_with_markers(directory: Path) -> None:
+    with LmdbStore(directory) as store:
+        store.ensure_channel("c")
+        store.append([NewMessage("c", b"MARKER-%04d-" % i * 8) for i in range(1, 21)])
+
+
+def test_a_corrupt_value_is_reported_not_returned(tmp_path: Path) -> None:
+    _store_with_markers(tmp_path / "orig")
+    copy = tmp_path / "copy"
+    shutil.copytree(tmp_path / "orig", copy)
+    data_file = copy / "msgs" / "data.mdb"
+    raw = bytearray(data_file.read_bytes())
+    at = raw.find(b"MARKER-0007-")
+    assert at > 0
+    raw[at + 3] ^= 0xFF  # one flipped byte inside message 7's payload
+    data_file.write_bytes(bytes(raw))
+    (copy / "LOCK").unlink()
+    with LmdbStore(copy) as store:
+        with pytest.raises(IntegrityError, match="'c' message 7: stored value is corrupt .checksum mismatch."):
+            store.get("c", 7)
+        with pytest.raises(IntegrityError):
+            store.read("c", 1, 20)
+        good = store.get("c", 6)
+        assert good is not None
+        assert good.data == b"MARKER-0006-" * 8
+        assert [m.seq for m in store.read("c", 8, 20)] == list(range(8, 21))
+
+
+def test_a_damaged_file_is_an_integrity_error_at_open(tmp_path: Path) -> None:
+    _store_with_markers(tmp_path)
+    data_file = tmp_path / "msgs" / "data.mdb"
+    raw = bytearray(data_file.read_bytes())
+    page = 4096
+    for offset in range(0, 2 * page, 7):  # both meta pages
+        raw[offset] ^= 0x5A
+    data_file.write_bytes(bytes(raw))
+    with pytest.raises(IntegrityError, match="damaged or not an LMDB file"):
+        LmdbStore(tmp_path)
+
+
+def _can_mount_private_tmpfs() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"], capture_output=True, timeout=30, check=False
+    )
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _can_mount_private_tmpfs(), reason="no private mount namespace (unshare -rm) on this machine")
+def test_a_full_disk_fails_the_append_and_loses_nothing(tmp_path: Path) -> None:
+    """A real ENOSPC: a 4 MiB tmpfs mounted in a private mount namespace for the child alone."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    script = f'mount -t tmpfs -o size=4m tmpfs "{mount_point}" && exec "$@"'
+    result = child("fill", str(mount_point), prefix=("unshare", "-rm", "sh", "-c", script, "sh"))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["error_type"] == "StoreFullError"
+    assert "disk full" in report["error"] and "everything committed before is intact" in report["error"]
+    assert report["committed"] > 10
+    assert report["readable_before_reopen"] == report["committed"]
+    assert report["second_append"] == "StoreFullError"
+    assert report["intact_after_reopen"] == report["committed"]
+    assert report["last_seq_after_reopen"] == report["committed"]
+
+
+def _limit_file_size() -> Callable[[], None]:
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (3 * 1024 * 1024, resource.RLIM_INFINITY))
+
+    return limit
+
+
+def test_a_failed_write_is_clear_and_writing_resumes_when_space_returns(tmp_path: Path) -> None:
+    """The same failure through a file-size limit, which needs no privileges, then space comes back."""
+    code = f"""
+import resource, signal
+from storage import LmdbStore, NewMessage, StoreWriteError
+store = LmdbStore({str(tmp_path)!r}, map_size=1 << 20)
+store.ensure_channel("a")
+n = 0
+try:
+    while True:
+        store.append([NewMessage("a", bytes(100_000))])
+        n += 1
+except StoreWriteError as exc:
+    print(type(exc).__name__, "|", exc)
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+store.append([NewMessage("a", b"after")])
+print(n, store.channel_info("a").last_seq, len(store.read("a", 1, 10**6)))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        preexec_fn=_limit_file_size(), check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    error_line, counts = result.stdout.strip().splitlines()
+    assert error_line.startswith(("StoreWriteError |", "StoreFullError |"))
+    assert "the write failed" in error_line and "everything committed before is intact" in error_line
+    committed, last_seq, readable = map(int, counts.split())
+    assert committed > 0
+    assert last_seq == committed + 1 == readable
+    with LmdbStore(tmp_path) as store:
+        assert [m.seq for m in store.read("a", 1, 10**6)] == list(range(1, committed + 2))
+
+
+def test_store_write_errors_are_store_errors() -> None:
+    assert issubclass(StoreFullError, StoreWriteError)
