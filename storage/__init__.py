@@ -46,9 +46,7 @@ from storage.records import (
 )
 
 
-def open_store(
-    kind: str, directory: str | Path | None, cluster_id: str, limits: StoreLimits | None = None
-) -> Store:
+def open_store(kind: str, directory: str | Path | None, cluster_id: str, limits: StoreLimits | None = None) -> Store:
     """Open the store the configuration names: "lmdb" (needs a directory) or "memory"."""
     if kind == "memory":
         return MemoryStore(cluster_id, limits)

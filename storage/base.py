@@ -122,9 +122,9 @@ class Store(abc.ABC):
         while lo < hi:
             mid = (lo + hi) // 2
             msg = self.get(channel, mid)
-            if msg is None:  # evicted while we searched: everything below is gone too
-                lo = mid + 1
-            elif msg.timestamp_unix_ns < timestamp_unix_ns:
+            if (
+                msg is None or msg.timestamp_unix_ns < timestamp_unix_ns
+            ):  # evicted while we searched: everything below is gone too
                 lo = mid + 1
             else:
                 hi = mid

@@ -16,8 +16,7 @@ class ClusterIdMismatchError(StoreError):
         self.configured = configured
         self.recovered = recovered
         super().__init__(
-            f'cluster ID "{configured}" does not match recovered value of "{recovered}" '
-            f"(data directory {path})"
+            f'cluster ID "{configured}" does not match recovered value of "{recovered}" (data directory {path})'
         )
 
 
@@ -47,8 +46,7 @@ class ChannelNameConflictError(ChannelError):
         self.existing = existing
         # The misspelling "alreay" is the reference server's exact text; clients may match it.
         super().__init__(
-            f'rejecting channel "{requested}" because channel "{existing}" alreay exists '
-            "(different cases not allowed)"
+            f'rejecting channel "{requested}" because channel "{existing}" alreay exists (different cases not allowed)'
         )
 
 

@@ -9,6 +9,7 @@ message; eviction by age may empty a channel.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+
 import attrs
 
 NS_PER_S = 1_000_000_000
@@ -85,9 +86,7 @@ def _specificity(pattern: str) -> tuple[int, int, int]:
 
 
 def _resolve(limits: StoreLimits, name: str) -> ChannelLimits:
-    matching = sorted(
-        (p for p in limits.per_channel if pattern_matches(p, name)), key=_specificity, reverse=True
-    )
+    matching = sorted((p for p in limits.per_channel if pattern_matches(p, name)), key=_specificity, reverse=True)
     chain = [limits.per_channel[p] for p in matching] + [limits.channel]
 
     def pick(field: str) -> float:

@@ -28,6 +28,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,9 +45,9 @@ from storage.codec import (
     decode_message,
     decode_record,
     encode_channel,
-    encode_message,
     encode_record,
     encode_reply,
+    encode_run,
     message_timestamp,
 )
 from storage.dirlock import DirectoryLock
@@ -169,9 +170,7 @@ class _Env:
         with self.gate.exclusive():
             current = self.env.info()["map_size"]
             if current >= self.max_map_size:
-                raise StoreFullError(
-                    f"{self.path}: the store reached its maximum size of {self.max_map_size} bytes"
-                )
+                raise StoreFullError(f"{self.path}: the store reached its maximum size of {self.max_map_size} bytes")
             self.env.set_mapsize(min(current * 2, self.max_map_size))
 
     def _write_error(self, exc: lmdb.Error) -> StoreError:
@@ -243,7 +242,7 @@ class LmdbStore(Store):
 
     def _check_meta(self, cluster_id: str) -> ServerInfo:
         for env in (self._msgs, self._state):
-            found = env.read(lambda txn, env=env: txn.get(b"schema_version", db=env.dbs["meta"]))
+            found = env.read(partial(_get_meta, db=env.dbs["meta"], key=b"schema_version"))
             if found is not None and U32.unpack(found)[0] > SCHEMA_VERSION:
                 raise SchemaVersionError(
                     f"{env.path} was written with store schema version {U32.unpack(found)[0]}, newer than "
@@ -253,10 +252,12 @@ class LmdbStore(Store):
         meta = self._msgs.dbs["meta"]
 
         def check(txn: lmdb.Transaction) -> ServerInfo:
-            stored = txn.get(b"cluster_id", db=meta)
+            stored, created = txn.get(b"cluster_id", db=meta), txn.get(b"created_unix_ns", db=meta)
+            if stored is None or created is None:
+                raise IntegrityError(f"{self._msgs.path}: the server record is incomplete")
             if bytes(stored).decode() != cluster_id:
                 raise ClusterIdMismatchError(cluster_id, bytes(stored).decode(), str(self.path))
-            return ServerInfo(cluster_id, SCHEMA_VERSION, U64.unpack(txn.get(b"created_unix_ns", db=meta))[0])
+            return ServerInfo(cluster_id, SCHEMA_VERSION, U64.unpack(created)[0])
 
         # Opening writes only what is missing, so a store on a full disk still opens and recovers.
         with self._msgs.write_lock:
@@ -333,19 +334,29 @@ class LmdbStore(Store):
             before = {m.channel: self._known(m.channel) for m in messages}
             replies = [encode_reply(m.reply) for m in messages]
 
+            # Every message of a channel in one batch gets the same timestamp (now, clamped).
+            runs: dict[str, list[tuple[bytes, bytes]]] = {name: [] for name in before}
+            assigned: list[tuple[int, int]] = []
+            for msg, reply in zip(messages, replies, strict=True):
+                run = runs[msg.channel]
+                run.append((reply, msg.data))
+                info = before[msg.channel]
+                assigned.append((info.last_seq + len(run), max(now, info.last_timestamp_unix_ns)))
+
             def write(txn: lmdb.Transaction) -> tuple[dict[str, ChannelInfo], AppendResult]:
-                infos = dict(before)
+                infos: dict[str, ChannelInfo] = {}
                 items: list[tuple[bytes, bytes]] = []
-                assigned: list[tuple[int, int]] = []
-                for msg, reply in zip(messages, replies):
-                    info = infos[msg.channel]
-                    seq, ts = info.last_seq + 1, max(now, info.last_timestamp_unix_ns)
-                    key = MSG_KEY.pack(info.channel_id, seq)
-                    value = encode_message(key, ts, reply, msg.data)
-                    items.append((key, value))
-                    assigned.append((seq, ts))
-                    infos[msg.channel] = attrs.evolve(
-                        info, last_seq=seq, msgs=info.msgs + 1, bytes=info.bytes + len(value), last_timestamp_unix_ns=ts
+                for name, run in runs.items():
+                    info = before[name]
+                    ts = max(now, info.last_timestamp_unix_ns)
+                    encoded = encode_run(info.channel_id, info.last_seq + 1, ts, run)
+                    items += encoded
+                    infos[name] = attrs.evolve(
+                        info,
+                        last_seq=info.last_seq + len(run),
+                        msgs=info.msgs + len(run),
+                        bytes=info.bytes + sum(len(v) for _, v in encoded),
+                        last_timestamp_unix_ns=ts,
                     )
                 cursor = txn.cursor(db=self._msgs.dbs["messages"])
                 _, added = cursor.putmulti(items, overwrite=False)
@@ -510,9 +521,7 @@ class LmdbStore(Store):
 
         def load(txn: lmdb.Transaction) -> RecoveredState:
             clients = [decode_record(v, ClientRecord) for v in txn.cursor(db=dbs["clients"]).iternext(keys=False)]
-            last_sent = {
-                U64.unpack(k)[0]: U64.unpack(v)[0] for k, v in txn.cursor(db=dbs["lastsent"]).iternext()
-            }
+            last_sent = {U64.unpack(k)[0]: U64.unpack(v)[0] for k, v in txn.cursor(db=dbs["lastsent"]).iternext()}
             pending: dict[int, dict[int, int]] = {}
             unpack_key, unpack_attempt = PENDING_KEY.unpack, U32.unpack
             current_id, current = -1, {}
@@ -522,7 +531,7 @@ class LmdbStore(Store):
                     current_id, current = sub_id, pending.setdefault(sub_id, {})
                 current[seq] = unpack_attempt(v)[0]
             subs = []
-            for k, v in txn.cursor(db=dbs["subs"]).iternext():
+            for v in txn.cursor(db=dbs["subs"]).iternext(keys=False):
                 record = decode_record(v, SubscriptionRecord)
                 own = pending.get(record.sub_id, {})
                 # A delivery's SetPending may have been committed without its SetLastSent.
@@ -544,9 +553,12 @@ class LmdbStore(Store):
         self._lock.release()
 
 
+def _get_meta(txn: lmdb.Transaction, *, db: lmdb._Database, key: bytes) -> bytes | memoryview | None:
+    return txn.get(key, db=db)
+
+
 def _delete_prefix(cursor: lmdb.Cursor, prefix: bytes) -> None:
     if cursor.set_range(prefix):
         while cursor.key()[: len(prefix)] == prefix:
             if not cursor.delete():
                 break
-

@@ -74,7 +74,7 @@ class MemoryStore(Store):
         infos = {m.channel: self._known(m.channel) for m in messages}
         replies = [encode_reply(m.reply) for m in messages]  # validate all before changing anything
         assigned: list[tuple[int, int]] = []
-        for msg, reply in zip(messages, replies):
+        for msg, reply in zip(messages, replies, strict=True):
             info = infos[msg.channel]
             seq, ts = info.last_seq + 1, max(now, info.last_timestamp_unix_ns)
             size = message_size(reply, msg.data)
@@ -93,9 +93,7 @@ class MemoryStore(Store):
 
     def _evict(self, info: ChannelInfo, now: int) -> tuple[ChannelInfo, range]:
         stored = self._messages[info.channel_id]
-        oldest = (
-            (stored[s].size, stored[s].timestamp_unix_ns) for s in range(info.first_seq, info.last_seq + 1)
-        )
+        oldest = ((stored[s].size, stored[s].timestamp_unix_ns) for s in range(info.first_seq, info.last_seq + 1))
         count, freed = plan_eviction(self.limits.for_channel(info.name), info.msgs, info.bytes, oldest, now)
         gone = range(info.first_seq, info.first_seq + count)
         for seq in gone:
@@ -105,7 +103,7 @@ class MemoryStore(Store):
     def read(self, channel: str, start_seq: int, max_count: int) -> list[Message]:
         info = self._known(channel)
         stored = self._messages[info.channel_id]
-        out = []
+        out: list[Message] = []
         for seq in range(max(start_seq, info.first_seq), info.last_seq + 1):
             if len(out) >= max_count:
                 break

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Union
 
 import attrs
 
@@ -147,7 +146,7 @@ class ClearPending:
     seq: int
 
 
-SubUpdate = Union[SaveSubscription, DeleteSubscription, SetLastSent, SetPending, ClearPending]
+SubUpdate = SaveSubscription | DeleteSubscription | SetLastSent | SetPending | ClearPending
 
 
 @attrs.frozen(slots=True)

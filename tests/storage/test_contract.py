@@ -6,6 +6,9 @@ must behave identically in both.
 
 from __future__ import annotations
 
+from typing import Any
+
+import attrs
 import pytest
 
 from storage import (
@@ -19,9 +22,9 @@ from storage import (
     SetLastSent,
     SetPending,
     StartPosition,
+    StoreLimits,
     SubOptions,
     SubscriptionRecord,
-    StoreLimits,
     TooManyChannelsError,
     UnknownChannelError,
 )
@@ -35,13 +38,9 @@ def msgs(channel: str, *payloads: bytes) -> list[NewMessage]:
     return [NewMessage(channel, p) for p in payloads]
 
 
-def sub_record(sub_id: int, channel: str = "foo", **kw: object) -> SubscriptionRecord:
-    fields: dict[str, object] = dict(
-        sub_id=sub_id, channel=channel, client_id="me", inbox="_INBOX.a", ack_inbox="_INBOX.ack", ack_wait_ms=30_000,
-        max_inflight=1024,
-    )
-    fields.update(kw)
-    return SubscriptionRecord(**fields)  # type: ignore[arg-type]
+def sub_record(sub_id: int, channel: str = "foo", **changes: Any) -> SubscriptionRecord:
+    base = SubscriptionRecord(sub_id, channel, "me", "_INBOX.a", "_INBOX.ack", ack_wait_ms=30_000, max_inflight=1024)
+    return attrs.evolve(base, **changes)
 
 
 def need_restart(make_store: StoreMaker) -> None:
@@ -145,7 +144,11 @@ def test_messages_carry_every_field(make_store: StoreMaker) -> None:
     msg = store.get("orders.eu", 1)
     assert msg is not None
     assert (msg.seq, msg.timestamp_unix_ns, msg.subject, msg.reply, msg.data) == (
-        1, 7 * S, "orders.eu", "_INBOX.r", b"\x00payload\xff"
+        1,
+        7 * S,
+        "orders.eu",
+        "_INBOX.r",
+        b"\x00payload\xff",
     )
     assert store.get("orders.eu", 2) is None
     assert store.get("orders.eu", 0) is None
@@ -292,21 +295,28 @@ def test_subscription_state_round_trip(make_store: StoreMaker) -> None:
     first, second = store.new_subscription_id(), store.new_subscription_id()
     assert first != second
     rich = sub_record(
-        first, durable_name="dur", queue_group="grp", start_position=StartPosition.SEQUENCE_START, start_sequence=42,
-        is_durable=True, options=SubOptions(max_deliver=5, dead_letter_channel="foo.dead", backoff_ms=(100, 1000)),
+        first,
+        durable_name="dur",
+        queue_group="grp",
+        start_position=StartPosition.SEQUENCE_START,
+        start_sequence=42,
+        is_durable=True,
+        options=SubOptions(max_deliver=5, dead_letter_channel="foo.dead", backoff_ms=(100, 1000)),
     )
-    store.apply([
-        SaveSubscription(rich),
-        SaveSubscription(sub_record(second)),
-        SetPending(first, 1, 1),
-        SetPending(first, 2, 1),
-        SetPending(first, 2, 2),
-        SetPending(first, 3, 1),
-        ClearPending(first, 1),
-        SetLastSent(first, 3),
-    ])
+    store.apply(
+        [
+            SaveSubscription(rich),
+            SaveSubscription(sub_record(second)),
+            SetPending(first, 1, 1),
+            SetPending(first, 2, 1),
+            SetPending(first, 2, 2),
+            SetPending(first, 3, 1),
+            ClearPending(first, 1),
+            SetLastSent(first, 3),
+        ]
+    )
     recovered = {s.record.sub_id: s for s in store.recover().subscriptions}
-    assert recovered[first].record == rich.__class__(**{**_fields(rich), "last_sent": 3})
+    assert recovered[first].record == attrs.evolve(rich, last_sent=3)
     assert dict(recovered[first].pending) == {2: 2, 3: 1}, "attempt counts are kept"
     assert dict(recovered[second].pending) == {}
     store.apply([DeleteSubscription(first)])
@@ -361,7 +371,9 @@ def test_everything_survives_a_restart(make_store: StoreMaker) -> None:
     store.append(msgs("foo", b"1", b"2", b"3", b"4"), now_unix_ns=5 * S)
     store.register_client(ClientRecord("me", "_INBOX.hb", b"c1"))
     sub_id = store.new_subscription_id()
-    store.apply([SaveSubscription(sub_record(sub_id, is_durable=True)), SetPending(sub_id, 3, 4), SetLastSent(sub_id, 4)])
+    store.apply(
+        [SaveSubscription(sub_record(sub_id, is_durable=True)), SetPending(sub_id, 3, 4), SetLastSent(sub_id, 4)]
+    )
     before = store.recover()
     store = make_store.reopen(store)
     after = store.recover()
@@ -380,9 +392,3 @@ def test_subscription_ids_are_not_reused_after_deleting_the_newest(make_store: S
     store.apply([DeleteSubscription(ids[-1])])
     store = make_store.reopen(store)
     assert store.new_subscription_id() > ids[-1]
-
-
-def _fields(record: SubscriptionRecord) -> dict[str, object]:
-    import attrs
-
-    return attrs.asdict(record, recurse=False)
