@@ -71,14 +71,22 @@ class Store(abc.ABC):
 
     def ensure_channel(self, name: str) -> ChannelInfo:
         """Look up a channel, creating it on first use (limits and case rules apply)."""
-        info = self.channel_info(name)
-        if info is not None:
-            return info
+        return self.channel_info(name) or self._create_channel(name)
+
+    def _may_create(self, name: str) -> ChannelInfo | None:
+        """The channel if it appeared meanwhile, else None once creating it is allowed.
+
+        Implementations call this again under their write lock, so two threads asking for the same
+        new channel get one channel.
+        """
+        existing = self.channel_info(name)
+        if existing is not None:
+            return existing
         if not name:
             raise ValueError("channel name must not be empty")
         if self.limits.max_channels > 0 and len(self._channels) >= self.limits.max_channels:
             raise TooManyChannelsError()
-        return self._create_channel(name)
+        return None
 
     @abc.abstractmethod
     def _create_channel(self, name: str) -> ChannelInfo: ...

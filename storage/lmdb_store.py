@@ -300,6 +300,9 @@ class LmdbStore(Store):
 
     def _create_channel(self, name: str) -> ChannelInfo:
         with self._msgs.write_lock:
+            existing = self._may_create(name)
+            if existing is not None:
+                return existing
             info = ChannelInfo(name=name, channel_id=self._next_channel_id)
 
             def create(txn: lmdb.Transaction) -> None:
@@ -313,10 +316,17 @@ class LmdbStore(Store):
 
     def delete_channel(self, name: str) -> None:
         info = self._known(name)
+
         # Subscriptions first: a crash in between leaves a channel without subscriptions, never
         # subscriptions pointing at a channel that is gone.
-        doomed = [r.record.sub_id for r in self.recover().subscriptions if r.record.channel == info.name]
-        self.apply(DeleteSubscription(sub_id) for sub_id in doomed)
+        def on_channel(txn: lmdb.Transaction) -> list[int]:
+            records = (
+                decode_record(v, SubscriptionRecord)
+                for v in txn.cursor(db=self._state.dbs["subs"]).iternext(keys=False)
+            )
+            return [r.sub_id for r in records if r.channel == info.name]
+
+        self.apply(DeleteSubscription(sub_id) for sub_id in self._state.read(on_channel))
         with self._msgs.write_lock:
 
             def delete(txn: lmdb.Transaction) -> None:

@@ -57,6 +57,9 @@ class MemoryStore(Store):
         self._clients: dict[str, ClientRecord] = {}
 
     def _create_channel(self, name: str) -> ChannelInfo:
+        existing = self._may_create(name)
+        if existing is not None:
+            return existing
         info = ChannelInfo(name=name, channel_id=next(self._channel_ids))
         self._channels[name.lower()] = info
         self._messages[info.channel_id] = {}

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -239,3 +240,51 @@ print(n, store.channel_info("a").last_seq, len(store.read("a", 1, 10**6)))
 
 def test_store_write_errors_are_store_errors() -> None:
     assert issubclass(StoreFullError, StoreWriteError)
+
+
+def test_reads_run_beside_appends_that_grow_the_map(tmp_path: Path) -> None:
+    """The server reads (deliveries) on one thread while group commits run on another."""
+    store = LmdbStore(tmp_path, map_size=64 * 1024)
+    store.ensure_channel("a")
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def reader() -> None:
+        try:
+            while not done.is_set():
+                info = store.channel_info("a")
+                assert info is not None
+                got = store.read("a", 1, 10**6)
+                assert [m.seq for m in got[: info.last_seq]] == list(range(1, info.last_seq + 1))
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for _ in range(60):
+            store.append([NewMessage("a", b"x" * 2000) for _ in range(20)])
+    finally:
+        done.set()
+        thread.join()
+    assert errors == []
+    assert store.statistics().messages_map_size_bytes >= 2 * 1024 * 1024
+    store.close()
+
+
+def test_concurrent_creation_of_one_channel_makes_one_channel(tmp_path: Path) -> None:
+    with LmdbStore(tmp_path) as store:
+        barrier = threading.Barrier(4)
+        made: list[int] = []
+
+        def create() -> None:
+            barrier.wait()
+            made.append(store.ensure_channel("new").channel_id)
+
+        threads = [threading.Thread(target=create) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(set(made)) == 1
+        assert [c.name for c in store.channels()] == ["new"]
