@@ -1,0 +1,48 @@
+"""The delivery engine (sans-IO): what to send when, to whom, and what to remember.
+
+It imports no Trio, no LMDB and no metrics code (import-linter checks this); time comes in as `now`.
+"""
+
+from streaming.engine.engine import Engine, SubscribeRequest, dead_letter_payload
+from streaming.engine.errors import RequestError
+from streaming.engine.events import (
+    Acked,
+    AckTimedOut,
+    DeadLetter,
+    DeadLettered,
+    Delivered,
+    Delivery,
+    Event,
+    ExpiredByLimit,
+    MemberJoined,
+    MemberLeft,
+    Observer,
+    Reason,
+    SubRef,
+    SubscriptionClosed,
+    SubscriptionCreated,
+    SubscriptionRemoved,
+)
+
+__all__ = [
+    "AckTimedOut",
+    "Acked",
+    "DeadLetter",
+    "DeadLettered",
+    "Delivered",
+    "Delivery",
+    "Engine",
+    "Event",
+    "ExpiredByLimit",
+    "MemberJoined",
+    "MemberLeft",
+    "Observer",
+    "Reason",
+    "RequestError",
+    "SubRef",
+    "SubscribeRequest",
+    "SubscriptionClosed",
+    "SubscriptionCreated",
+    "SubscriptionRemoved",
+    "dead_letter_payload",
+]

@@ -1,0 +1,819 @@
+"""The delivery engine: subscriptions, queue groups, durables, AckWait, MaxInflight, redelivery, recovery.
+
+Sans-IO: every call takes `now` (clock seconds, e.g. `trio.current_time()`), changes state, and queues
+what the outside must do. The Trio runtime (streaming/runtime.py) or a test drains those queues:
+
+- `take_deliveries()`: MsgProtos to send, in order;
+- `take_updates()`: subscription/pending records for `Store.apply` (batched, no fsync needed: losing
+  them only causes redeliveries);
+- `take_dead_letters()`: messages past MaxDeliver, to publish (before applying the updates);
+- `take_timer_changes()`: subscriptions whose next deadline may have moved (or that are gone).
+
+It reads messages from the store (cheap, in-process) but never writes to it. Behaviour is NATS
+Streaming's by default (spec §3.5–3.11); the opt-in options in `SubOptions` (MaxDeliver with a
+dead-letter channel, backoff, MaxInflight applied to redeliveries) and ack-progress change it only for
+subscriptions that ask.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Sequence
+
+import attrs
+
+from storage import (
+    ChannelError,
+    ClearPending,
+    DeleteSubscription,
+    Message,
+    RecoveredState,
+    SaveSubscription,
+    SetLastSent,
+    SetPending,
+    StartPosition,
+    Store,
+    SubOptions,
+    SubscriptionRecord,
+    SubUpdate,
+)
+from streaming.engine import errors
+from streaming.engine.errors import RequestError
+from streaming.engine.events import (
+    Acked,
+    AckTimedOut,
+    DeadLetter,
+    DeadLettered,
+    Delivered,
+    Delivery,
+    Event,
+    ExpiredByLimit,
+    MemberJoined,
+    MemberLeft,
+    Observer,
+    Reason,
+    SubRef,
+    SubscriptionClosed,
+    SubscriptionCreated,
+    SubscriptionRemoved,
+)
+from streaming.engine.pending import PendingSet
+
+READ_BATCH = 256
+
+
+@attrs.frozen(slots=True)
+class SubscribeRequest:
+    client_id: str
+    channel: str
+    inbox: str
+    ack_inbox: str
+    ack_wait_ms: int
+    max_inflight: int
+    durable_name: str = ""
+    queue_group: str = ""
+    start_position: StartPosition = StartPosition.NEW_ONLY
+    start_sequence: int = 0
+    start_time_delta_ns: int = 0
+    options: SubOptions = SubOptions()
+
+    def __attrs_post_init__(self) -> None:
+        if self.ack_wait_ms <= 0 or self.max_inflight <= 0:
+            raise ValueError("ack_wait_ms and max_inflight must be positive (the protocol layer checks this)")
+
+
+class _Sub:
+    """One subscription: plain, durable, queue member, or the offline shadow of a durable group."""
+
+    __slots__ = ("group", "last_sent", "online", "pending", "record", "ref")
+
+    def __init__(self, record: SubscriptionRecord, group: _Group | None, online: bool) -> None:
+        self.record = record
+        self.group = group
+        self.online = online
+        self.last_sent = record.last_sent
+        self.pending = PendingSet()
+        self.ref = _ref(record)
+
+    def delay(self, attempt: int) -> float:
+        backoff = self.record.options.backoff_ms
+        if backoff:
+            return backoff[min(attempt, len(backoff)) - 1] / 1000
+        return self.record.ack_wait_ms / 1000
+
+    @property
+    def stalled(self) -> bool:
+        return len(self.pending) >= self.record.max_inflight
+
+
+class _Group:
+    """A queue group: members share one position; `shadow` keeps an empty durable group's state."""
+
+    __slots__ = ("channel", "durable", "last_sent", "members", "name", "shadow")
+
+    def __init__(self, channel: str, name: str, durable: bool, last_sent: int) -> None:
+        self.channel = channel
+        self.name = name
+        self.durable = durable
+        self.last_sent = last_sent
+        self.members: list[_Sub] = []
+        self.shadow: _Sub | None = None
+
+
+class _Client:
+    __slots__ = ("hb_failed", "subs")
+
+    def __init__(self) -> None:
+        self.hb_failed = False
+        self.subs: set[int] = set()
+
+
+def _ref(record: SubscriptionRecord) -> SubRef:
+    return SubRef(record.channel, record.sub_id, record.client_id, record.durable_name, record.queue_group)
+
+
+def _group_key(request_durable: str, queue_group: str) -> str:
+    return f"{request_durable}:{queue_group}" if request_durable else queue_group
+
+
+class Engine:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._subs: dict[int, _Sub] = {}
+        self._by_ack_inbox: dict[str, int] = {}
+        self._plain: dict[str, dict[int, _Sub]] = {}  # channel -> online non-queue subscriptions
+        self._groups: dict[str, dict[str, _Group]] = {}  # channel -> group key -> group
+        self._durables: dict[tuple[str, str, str], _Sub] = {}  # (client, channel, durable name)
+        self._per_channel: dict[str, int] = {}  # subscriptions counted against max_subs
+        self._clients: dict[str, _Client] = {}
+        self._recent: dict[str, tuple[int, Sequence[Message]]] = {}  # channel -> just-appended messages
+        self._deliveries: list[Delivery] = []
+        self._updates: list[SubUpdate] = []
+        self._dead: list[DeadLetter] = []
+        self._timers: set[int] = set()
+        self._observers: list[Observer] = []
+
+    # -- outputs ---------------------------------------------------------------------------------
+
+    def add_observer(self, observer: Observer) -> None:
+        self._observers.append(observer)
+
+    def take_deliveries(self) -> list[Delivery]:
+        out, self._deliveries = self._deliveries, []
+        return out
+
+    def take_updates(self) -> list[SubUpdate]:
+        out, self._updates = self._updates, []
+        return out
+
+    def take_dead_letters(self) -> list[DeadLetter]:
+        out, self._dead = self._dead, []
+        return out
+
+    def take_timer_changes(self) -> set[int]:
+        out, self._timers = self._timers, set()
+        return out
+
+    def _emit(self, event: Event) -> None:
+        for observer in self._observers:
+            observer.on_event(event)
+
+    # -- queries -----------------------------------------------------------------------------------
+
+    def next_deadline(self, sub_id: int) -> float | None:
+        """When this subscription's timer should fire next (None: it needs no timer now)."""
+        sub = self._subs.get(sub_id)
+        if sub is None or not sub.online:
+            return None
+        return sub.pending.next_deadline()
+
+    def sub_for_ack_inbox(self, ack_inbox: str) -> int | None:
+        return self._by_ack_inbox.get(ack_inbox)
+
+    def subscription(self, sub_id: int) -> SubscriptionRecord | None:
+        sub = self._subs.get(sub_id)
+        return None if sub is None else attrs.evolve(sub.record, last_sent=self._position(sub))
+
+    def subscriptions(self) -> list[int]:
+        return list(self._subs)
+
+    def pending(self, sub_id: int) -> dict[int, int]:
+        """seq -> attempt of one subscription's unacknowledged messages."""
+        sub = self._subs[sub_id]
+        return {seq: sub.pending.attempt(seq) for seq in sub.pending}
+
+    def is_online(self, sub_id: int) -> bool:
+        return self._subs[sub_id].online
+
+    def group_members(self, channel: str, group_key: str) -> list[int]:
+        group = self._groups.get(channel, {}).get(group_key)
+        return [] if group is None else [m.record.sub_id for m in group.members]
+
+    def _position(self, sub: _Sub) -> int:
+        return sub.group.last_sent if sub.group is not None else sub.last_sent
+
+    # -- clients -------------------------------------------------------------------------------
+
+    def add_client(self, client_id: str) -> None:
+        self._clients.setdefault(client_id, _Client())
+
+    def has_client(self, client_id: str) -> bool:
+        return client_id in self._clients
+
+    def client_closed(self, client_id: str, now: float) -> None:
+        """Connection close, heartbeat timeout or replacement: each subscription as on `close`."""
+        client = self._clients.pop(client_id, None)
+        if client is None:
+            return
+        for sub_id in sorted(client.subs):
+            sub = self._subs.get(sub_id)
+            if sub is not None and sub.online:
+                self._leave(sub, now, keep_durable=True)
+
+    def set_heartbeat_failed(self, client_id: str, failed: bool, now: float) -> None:
+        client = self._clients.get(client_id)
+        if client is None or client.hb_failed == failed:
+            return
+        client.hb_failed = failed
+        if not failed:
+            for sub_id in sorted(client.subs):
+                sub = self._subs.get(sub_id)
+                if sub is not None and sub.online:
+                    self._pump_sub(sub, now)
+
+    def _hb_failed(self, sub: _Sub) -> bool:
+        client = self._clients.get(sub.record.client_id)
+        return client is not None and client.hb_failed
+
+    # -- subscribing ---------------------------------------------------------------------------
+
+    def subscribe(self, request: SubscribeRequest, now: float, wall_unix_ns: int) -> int:
+        """Create, resume or join; returns the subscription id. Raises RequestError with STAN's text.
+
+        Deliveries it queues must be sent after the SubscriptionResponse.
+        """
+        client = self._clients.get(request.client_id)
+        if client is None:
+            raise RequestError(errors.UNKNOWN_CLIENT)
+        try:
+            self.store.ensure_channel(request.channel)
+        except ChannelError as exc:
+            raise RequestError(str(exc)) from exc
+        if request.queue_group:
+            if request.durable_name and ":" in request.durable_name:
+                raise RequestError(errors.DURABLE_QUEUE_COLON)
+            sub = self._join_group(request, now, wall_unix_ns)
+        elif request.durable_name:
+            sub = self._durable(request, now, wall_unix_ns)
+        else:
+            self._check_room(request.channel)
+            sub = self._new_sub(request, self._start_after(request, wall_unix_ns), None)
+        client.subs.add(sub.record.sub_id)
+        self._by_ack_inbox[sub.record.ack_inbox] = sub.record.sub_id
+        if sub.group is None:
+            self._plain.setdefault(sub.record.channel, {})[sub.record.sub_id] = sub
+        self._updates.append(SaveSubscription(attrs.evolve(sub.record, last_sent=self._position(sub))))
+        self._pump_sub(sub, now)
+        return sub.record.sub_id
+
+    def _check_room(self, channel: str) -> None:
+        max_subs = self.store.limits.max_subs
+        if max_subs > 0 and self._per_channel.get(channel, 0) >= max_subs:
+            raise RequestError(errors.TOO_MANY_SUBS)
+
+    def _new_sub(self, request: SubscribeRequest, last_sent: int, group: _Group | None) -> _Sub:
+        record = SubscriptionRecord(
+            sub_id=self.store.new_subscription_id(),
+            channel=request.channel,
+            client_id=request.client_id,
+            inbox=request.inbox,
+            ack_inbox=request.ack_inbox,
+            ack_wait_ms=request.ack_wait_ms,
+            max_inflight=request.max_inflight,
+            durable_name=request.durable_name,
+            queue_group=request.queue_group,
+            start_position=request.start_position,
+            start_sequence=request.start_sequence,
+            start_time_delta_ns=request.start_time_delta_ns,
+            last_sent=last_sent,
+            is_durable=bool(request.durable_name),
+            options=request.options,
+        )
+        sub = _Sub(record, group, online=True)
+        self._subs[record.sub_id] = sub
+        self._per_channel[request.channel] = self._per_channel.get(request.channel, 0) + 1
+        self._emit_if(SubscriptionCreated(sub.ref, resumed=False))
+        return sub
+
+    def _durable(self, request: SubscribeRequest, now: float, wall_unix_ns: int) -> _Sub:
+        key = (request.client_id, request.channel, request.durable_name)
+        sub = self._durables.get(key)
+        if sub is not None and sub.online:
+            raise RequestError(errors.DUPLICATE_DURABLE)
+        if sub is None:
+            self._check_room(request.channel)
+            sub = self._new_sub(request, self._start_after(request, wall_unix_ns), None)
+            self._durables[key] = sub
+            return sub
+        # Resume: same position and pending; the new request's inboxes, AckWait and MaxInflight.
+        self._resume(sub, request)
+        return sub
+
+    def _resume(self, sub: _Sub, request: SubscribeRequest) -> None:
+        self._by_ack_inbox.pop(sub.record.ack_inbox, None)
+        sub.record = attrs.evolve(
+            sub.record,
+            client_id=request.client_id,
+            inbox=request.inbox,
+            ack_inbox=request.ack_inbox,
+            ack_wait_ms=request.ack_wait_ms,
+            max_inflight=request.max_inflight,
+            options=request.options,
+            is_closed=False,
+        )
+        sub.ref = _ref(sub.record)
+        sub.online = True
+        sub.pending.make_all_due(Reason.RESUME)
+        self._emit_if(SubscriptionCreated(sub.ref, resumed=True))
+
+    def _join_group(self, request: SubscribeRequest, now: float, wall_unix_ns: int) -> _Sub:
+        key = _group_key(request.durable_name, request.queue_group)
+        groups = self._groups.setdefault(request.channel, {})
+        group = groups.get(key)
+        if group is not None and group.shadow is not None:
+            sub = group.shadow  # the first member back takes over the empty durable group's state
+            group.shadow = None
+            self._resume(sub, request)
+        else:
+            self._check_room(request.channel)
+            if group is None:
+                group = groups[key] = _Group(
+                    request.channel, key, bool(request.durable_name), self._start_after(request, wall_unix_ns)
+                )
+            sub = self._new_sub(request, group.last_sent, group)
+        group.members.append(sub)
+        self._emit_if(MemberJoined(sub.ref))
+        return sub
+
+    def _start_after(self, request: SubscribeRequest, wall_unix_ns: int) -> int:
+        """The sequence after which a brand-new subscription or group starts (spec §3.6)."""
+        info = self.store.channel_info(request.channel)
+        assert info is not None
+        position = request.start_position
+        if position is StartPosition.LAST_RECEIVED:
+            return info.last_seq - 1 if info.msgs else info.last_seq
+        if position is StartPosition.TIME_DELTA_START:
+            since = wall_unix_ns - request.start_time_delta_ns
+            return self.store.first_seq_at_or_after(request.channel, since) - 1
+        if position is StartPosition.SEQUENCE_START:
+            wanted = request.start_sequence
+            if wanted < info.first_seq:
+                return info.first_seq - 1
+            return info.last_seq if wanted > info.last_seq else wanted - 1
+        if position is StartPosition.FIRST:
+            return info.first_seq - 1
+        return info.last_seq
+
+    # -- leaving -------------------------------------------------------------------------------
+
+    def unsubscribe(self, sub_id: int, now: float) -> None:
+        sub = self._subs.get(sub_id)
+        if sub is None:
+            raise RequestError(errors.INVALID_SUBSCRIPTION)
+        self._leave(sub, now, keep_durable=False)
+
+    def close_subscription(self, sub_id: int, now: float) -> None:
+        sub = self._subs.get(sub_id)
+        if sub is None:
+            raise RequestError(errors.INVALID_SUBSCRIPTION)
+        self._leave(sub, now, keep_durable=True)
+
+    def _leave(self, sub: _Sub, now: float, *, keep_durable: bool) -> None:
+        record = sub.record
+        self._by_ack_inbox.pop(record.ack_inbox, None)
+        client = self._clients.get(record.client_id)
+        if client is not None:
+            client.subs.discard(record.sub_id)
+        self._timers.add(record.sub_id)
+        group = sub.group
+        if group is None:
+            self._plain.get(record.channel, {}).pop(record.sub_id, None)
+            if record.is_durable and keep_durable:
+                self._go_offline(sub)
+            else:
+                self._delete(sub)
+            return
+        group.members.remove(sub)
+        if group.members:
+            moved = self._hand_over(sub, group, now)
+            self._emit_if(MemberLeft(sub.ref, moved))
+            self._delete(sub)
+            return
+        self._emit_if(MemberLeft(sub.ref, 0))
+        if group.durable and keep_durable:
+            group.shadow = sub
+            self._go_offline(sub)
+        else:
+            del self._groups[record.channel][group.name]
+            self._delete(sub)
+
+    def _go_offline(self, sub: _Sub) -> None:
+        sub.online = False
+        sub.record = attrs.evolve(sub.record, is_closed=True)
+        self._updates.append(SaveSubscription(attrs.evolve(sub.record, last_sent=self._position(sub))))
+        self._emit_if(SubscriptionClosed(sub.ref))
+
+    def _delete(self, sub: _Sub) -> None:
+        record = sub.record
+        del self._subs[record.sub_id]
+        self._per_channel[record.channel] -= 1
+        if record.is_durable and record.queue_group == "":
+            self._durables.pop((record.client_id, record.channel, record.durable_name), None)
+        self._updates.append(DeleteSubscription(record.sub_id))
+        self._emit_if(SubscriptionRemoved(sub.ref))
+
+    def _hand_over(self, leaving: _Sub, group: _Group, now: float) -> int:
+        """A leaving member's pending messages go round-robin to the others, due at once."""
+        order = list(leaving.pending)  # due ones first, then in deadline order
+        targets = group.members
+        for i, seq in enumerate(order):
+            target = targets[i % len(targets)]
+            attempt = leaving.pending.attempt(seq)
+            target.pending.add_due(seq, attempt, Reason.MEMBER_LEFT)
+            self._updates.append(SetPending(target.record.sub_id, seq, attempt))
+        # The group's position must survive the leaving member's record.
+        self._updates.append(SetLastSent(targets[0].record.sub_id, group.last_sent))
+        self._pump_group(group, now)
+        return len(order)
+
+    # -- acks ----------------------------------------------------------------------------------
+
+    def ack(self, sub_id: int, seq: int, now: float) -> bool:
+        """Apply an ack; False if it was stale, duplicate or unknown (ignored)."""
+        sub = self._subs.get(sub_id)
+        if sub is None:
+            return False
+        owner = self._owner(sub, seq)
+        if owner is None:
+            return False
+        removed = owner.pending.remove(seq)
+        assert removed is not None
+        attempt, delivered_at = removed
+        self._updates.append(ClearPending(owner.record.sub_id, seq))
+        if self._observers:
+            self._emit(Acked(owner.ref, seq, attempt, now - delivered_at if delivered_at >= 0 else 0.0))
+        self._timers.add(owner.record.sub_id)
+        if owner.online:
+            self._pump_sub(owner, now)
+        return True
+
+    def ack_progress(self, sub_id: int, seq: int, now: float) -> bool:
+        """A "working" ack: restart the wait of one in-flight message without acking it."""
+        sub = self._subs.get(sub_id)
+        owner = None if sub is None else self._owner(sub, seq)
+        if owner is None or not owner.pending.touch(seq, now):
+            return False
+        self._timers.add(owner.record.sub_id)
+        return True
+
+    def _owner(self, sub: _Sub, seq: int) -> _Sub | None:
+        """Who has `seq` pending: the subscription, or for a queue member any member (PR #654)."""
+        if seq in sub.pending:
+            return sub
+        if sub.group is not None:
+            for member in sub.group.members:
+                if member is not sub and seq in member.pending:
+                    return member
+        return None
+
+    # -- messages arriving and leaving the channel ----------------------------------------------
+
+    def on_appended(self, channel: str, now: float, messages: Sequence[Message] = ()) -> None:
+        """New messages were committed to `channel` (pass them to spare the store a read)."""
+        if messages:
+            self._recent[channel] = (messages[0].seq, messages)
+        for sub in list(self._plain.get(channel, {}).values()):
+            self._pump_sub(sub, now)
+        for group in list(self._groups.get(channel, {}).values()):
+            self._pump_group(group, now)
+        self._recent.pop(channel, None)
+
+    def on_dropped(self, channel: str, dropped: range) -> None:
+        """Messages evicted by limits leave every pending set and are never redelivered."""
+        for sub in [s for s in self._subs.values() if s.record.channel == channel]:
+            if len(dropped) <= len(sub.pending):
+                gone = [seq for seq in dropped if seq in sub.pending]
+            else:
+                gone = [seq for seq in sub.pending if seq in dropped]
+            for seq in gone:
+                self._forget(sub, seq)
+                self._emit_if(ExpiredByLimit(sub.ref, seq))
+            if gone:
+                self._timers.add(sub.record.sub_id)
+
+    def _forget(self, sub: _Sub, seq: int) -> None:
+        sub.pending.remove(seq)
+        self._updates.append(ClearPending(sub.record.sub_id, seq))
+
+    # -- delivery ------------------------------------------------------------------------------
+
+    def _pump_sub(self, sub: _Sub, now: float) -> None:
+        if sub.group is not None:
+            self._pump_group(sub.group, now)
+            return
+        if sub.pending.due_count and not self._hb_failed(sub):
+            self._drain_due(sub, now)
+        if not sub.pending.due_count:
+            self._send_new(sub, now)
+
+    def _drain_due(self, sub: _Sub, now: float) -> None:
+        """Redeliver what is due, in order; forced past MaxInflight unless the option says otherwise."""
+        limit_redeliveries = sub.record.options.max_inflight_redeliveries
+        while (item := sub.pending.peek_due()) is not None:
+            if limit_redeliveries and sub.pending.in_flight >= sub.record.max_inflight:
+                return
+            seq, reason = item
+            message = self._read_one(sub.record.channel, seq)
+            if message is None:  # evicted by a limit meanwhile: it never comes back
+                self._forget(sub, seq)
+                self._emit_if(ExpiredByLimit(sub.ref, seq))
+                continue
+            attempt = sub.pending.attempt(seq) + 1
+            max_deliver = sub.record.options.max_deliver
+            if max_deliver and attempt > max_deliver:
+                self._dead_letter(sub, message, attempt - 1)
+                continue
+            self._send(sub, message, attempt, reason, now)
+
+    def _send_new(self, sub: _Sub, now: float) -> None:
+        info = self.store.channel_info(sub.record.channel)
+        if info is None or sub.last_sent >= info.last_seq or sub.stalled:
+            return
+        start = sub.last_sent
+        while sub.last_sent < info.last_seq and not sub.stalled:
+            room = sub.record.max_inflight - len(sub.pending)
+            batch = self._read(sub.record.channel, sub.last_sent + 1, min(room, READ_BATCH))
+            if not batch:
+                sub.last_sent = info.last_seq  # the rest was evicted
+                break
+            for message in batch:
+                self._send(sub, message, 1, Reason.NEW, now)
+                sub.last_sent = message.seq
+        if sub.last_sent != start:
+            self._updates.append(SetLastSent(sub.record.sub_id, sub.last_sent))
+
+    def _pump_group(self, group: _Group, now: float) -> None:
+        blocked = False
+        for member in group.members:
+            if member.pending.due_count and not self._hb_failed(member):
+                self._drain_due(member, now)
+            if member.pending.due_count and not self._hb_failed(member):
+                blocked = True  # its redeliveries still wait for room: new messages wait too
+        info = self.store.channel_info(group.channel)
+        if blocked or info is None or group.last_sent >= info.last_seq:
+            return
+        receivers: dict[int, _Sub] = {}
+        member: _Sub | None
+        while group.last_sent < info.last_seq:
+            member = self._pick(group, for_new=True)
+            if member is None:
+                break  # every member is stalled: the group is stalled (no store lookups)
+            batch = self._read(group.channel, group.last_sent + 1, READ_BATCH)
+            if not batch:
+                group.last_sent = info.last_seq
+                break
+            for message in batch:
+                if member is None:
+                    break
+                self._send(member, message, 1, Reason.NEW, now)
+                group.last_sent = message.seq
+                receivers[member.record.sub_id] = member
+                member = self._pick(group, for_new=True)
+        for sub_id, member in receivers.items():
+            member.last_sent = group.last_sent
+            self._updates.append(SetLastSent(sub_id, group.last_sent))
+
+    def _pick(self, group: _Group, *, for_new: bool) -> _Sub | None:
+        """The member with the fewest pending messages that is not failing heartbeats (and, for a new
+        message, not stalled and with nothing due); ties rotate round-robin."""
+        best: _Sub | None = None
+        for member in group.members:
+            if self._hb_failed(member):
+                continue
+            if for_new and (member.stalled or member.pending.due_count):
+                continue
+            if best is None or len(member.pending) < len(best.pending):
+                best = member
+        if best is None:
+            if for_new:
+                return None
+            best = group.members[0]
+        if best is group.members[0] and len(group.members) > 1:
+            group.members.append(group.members.pop(0))
+        return best
+
+    def _send(self, sub: _Sub, message: Message, attempt: int, reason: Reason, now: float) -> None:
+        delay = sub.delay(attempt)
+        sub.pending.sent(message.seq, attempt, delay, now + delay)
+        self._updates.append(SetPending(sub.record.sub_id, message.seq, attempt))
+        self._deliveries.append(Delivery(sub.record.sub_id, sub.record.inbox, message, attempt, reason))
+        self._timers.add(sub.record.sub_id)
+        if self._observers:
+            self._emit(Delivered(sub.ref, message.seq, attempt, reason, delay))
+
+    def _dead_letter(self, sub: _Sub, message: Message, attempts: int) -> None:
+        record = sub.record
+        target = record.options.dead_letter_channel or f"{record.channel}.dead"
+        self._forget(sub, message.seq)
+        self._dead.append(
+            DeadLetter(
+                target, record.channel, message.seq, attempts, record.sub_id, record.client_id, record.durable_name,
+                record.queue_group, message,
+            )
+        )
+        self._emit_if(DeadLettered(sub.ref, message.seq, attempts, target))
+
+    def _read(self, channel: str, start: int, count: int) -> Sequence[Message]:
+        recent = self._recent.get(channel)
+        if recent is not None:
+            first, messages = recent
+            if first <= start < first + len(messages) and messages[start - first].seq == start:
+                return messages[start - first : start - first + count]
+        return self.store.read(channel, start, count)
+
+    def _read_one(self, channel: str, seq: int) -> Message | None:
+        found = self._read(channel, seq, 1)
+        return found[0] if found and found[0].seq == seq else None
+
+    # -- timers ----------------------------------------------------------------------------------
+
+    def expire(self, sub_id: int, now: float, limit: int = 1000) -> bool:
+        """Handle up to `limit` expired messages of one subscription; True if more may be due.
+
+        The runtime calls it when the subscription's deadline passes and yields between calls.
+        """
+        sub = self._subs.get(sub_id)
+        if sub is None or not sub.online:
+            return False
+        expired = sub.pending.pop_expired(now, limit)
+        if not expired:
+            return False
+        self._timers.add(sub_id)
+        if sub.group is None and self._hb_failed(sub):
+            # The client is not answering heartbeats: skip this pass, wait another AckWait.
+            for seq, delay in expired:
+                sub.pending.sent(seq, sub.pending.attempt(seq), delay, now + delay)
+            return len(expired) >= limit
+        if self._observers:
+            for seq, delay in expired:
+                self._emit(AckTimedOut(sub.ref, seq, sub.pending.attempt(seq), delay))
+        if sub.group is None:
+            self._drain_due(sub, now)
+            if not sub.pending.due_count:
+                self._send_new(sub, now)
+            return len(expired) >= limit
+        group = sub.group
+        for seq, _ in expired:
+            target = self._pick(group, for_new=False)
+            if target is not None and target is not sub:
+                attempt = sub.pending.attempt(seq)
+                self._forget(sub, seq)
+                target.pending.add_due(seq, attempt, Reason.ACK_TIMEOUT)
+                self._timers.add(target.record.sub_id)
+        self._pump_group(group, now)
+        return len(expired) >= limit
+
+    # -- restart -----------------------------------------------------------------------------------
+
+    @classmethod
+    def recover(cls, store: Store, state: RecoveredState | None = None) -> Engine:
+        """Rebuild the engine from what the store recovered (spec §3.14).
+
+        Subscriptions of registered clients come back online with every pending message due (flagged,
+        before any new message); durables of unknown clients or marked closed stay offline; other
+        subscriptions of unknown clients are dropped. Call `start(now)` to send what is due.
+        """
+        engine = cls(store)
+        state = state if state is not None else store.recover()
+        for client in state.clients:
+            engine.add_client(client.client_id)
+        channels = {c.name for c in state.channels}
+        shadows: dict[tuple[str, str], list[tuple[SubscriptionRecord, dict[int, int]]]] = {}
+        def online(record: SubscriptionRecord) -> bool:
+            return record.client_id in engine._clients and not record.is_closed
+
+        # Online subscriptions first, so departed members' messages find the live members of their group.
+        ordered = sorted(state.subscriptions, key=lambda s: (not online(s.record), s.record.sub_id))
+        for recovered in ordered:
+            record, pending = recovered.record, dict(recovered.pending)
+            is_online = online(record)
+            if record.channel not in channels:
+                engine._updates.append(DeleteSubscription(record.sub_id))
+            elif record.queue_group:
+                key = _group_key(record.durable_name, record.queue_group)
+                if is_online:
+                    engine._restore(record, pending, engine._restore_group(record, key), online=True)
+                elif record.is_durable:
+                    shadows.setdefault((record.channel, key), []).append((record, pending))
+                else:
+                    group = engine._groups.get(record.channel, {}).get(key)
+                    if group is not None and group.members:
+                        # A non-durable member whose client is gone: its messages go to the others.
+                        for i, (seq, attempt) in enumerate(sorted(pending.items())):
+                            target = group.members[i % len(group.members)]
+                            target.pending.add_due(seq, attempt, Reason.RESTART)
+                            engine._updates.append(SetPending(target.record.sub_id, seq, attempt))
+                    engine._updates.append(DeleteSubscription(record.sub_id))
+            elif record.is_durable or is_online:
+                engine._restore(record, pending, None, online=is_online)
+            else:
+                engine._updates.append(DeleteSubscription(record.sub_id))
+        for (channel, key), candidates in shadows.items():
+            engine._restore_shadow(channel, key, candidates)
+        return engine
+
+    def _restore_group(self, record: SubscriptionRecord, key: str) -> _Group:
+        groups = self._groups.setdefault(record.channel, {})
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = _Group(record.channel, key, record.is_durable, record.last_sent)
+        group.last_sent = max(group.last_sent, record.last_sent)
+        return group
+
+    def _restore_shadow(self, channel: str, key: str, candidates: list[tuple[SubscriptionRecord, dict[int, int]]]) -> None:
+        """An empty durable group's state; several shadows merge into the one with the highest position."""
+        candidates.sort(key=lambda c: c[0].last_sent)
+        record, pending = candidates[-1]
+        group = self._groups.get(channel, {}).get(key)
+        for other, other_pending in candidates[:-1]:
+            for seq, attempt in other_pending.items():
+                if group is None or not any(seq in m.pending for m in group.members):
+                    pending[seq] = max(attempt, pending.get(seq, 0))
+                    self._updates.append(SetPending(record.sub_id, seq, pending[seq]))
+            self._updates.append(DeleteSubscription(other.sub_id))
+        if group is not None and group.members:
+            # Members came back (live clients): the shadow's messages go to them.
+            for i, (seq, attempt) in enumerate(sorted(pending.items())):
+                target = group.members[i % len(group.members)]
+                target.pending.add_due(seq, attempt, Reason.RESTART)
+                self._updates.append(SetPending(target.record.sub_id, seq, attempt))
+            group.last_sent = max(group.last_sent, record.last_sent)
+            self._updates.append(DeleteSubscription(record.sub_id))
+            return
+        group = self._restore_group(record, key)
+        sub = self._restore(record, pending, group, online=False)
+        group.members.remove(sub)
+        group.shadow = sub
+
+    def _restore(
+        self, record: SubscriptionRecord, pending: dict[int, int], group: _Group | None, *, online: bool
+    ) -> _Sub:
+        record = attrs.evolve(record, is_closed=not online)
+        sub = _Sub(record, group, online)
+        for seq in sorted(pending):
+            sub.pending.add_due(seq, pending[seq], Reason.RESTART)
+        self._subs[record.sub_id] = sub
+        self._per_channel[record.channel] = self._per_channel.get(record.channel, 0) + 1
+        if record.is_durable and not record.queue_group:
+            self._durables[(record.client_id, record.channel, record.durable_name)] = sub
+        if group is not None:
+            group.members.append(sub)
+        if online:
+            self._by_ack_inbox[record.ack_inbox] = record.sub_id
+            self._clients[record.client_id].subs.add(record.sub_id)
+            if group is None:
+                self._plain.setdefault(record.channel, {})[record.sub_id] = sub
+        return sub
+
+    def start(self, now: float) -> None:
+        """After recovery: redeliver everything recovered, then send what is new."""
+        for sub in list(self._subs.values()):
+            if sub.online:
+                self._pump_sub(sub, now)
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def _emit_if(self, event: Event) -> None:
+        if self._observers:
+            self._emit(event)
+
+
+def dead_letter_payload(dead: DeadLetter) -> bytes:
+    """The dead-letter message body: JSON with where the message came from and its payload (base64)."""
+    return json.dumps(
+        {
+            "channel": dead.origin_channel,
+            "seq": dead.seq,
+            "timestamp_unix_ns": dead.message.timestamp_unix_ns,
+            "attempts": dead.attempts,
+            "sub_id": dead.sub_id,
+            "client_id": dead.client_id,
+            "durable_name": dead.durable_name,
+            "queue_group": dead.queue_group,
+            "reply": dead.message.reply,
+            "data_b64": base64.b64encode(dead.message.data).decode(),
+        },
+        separators=(",", ":"),
+    ).encode()
+

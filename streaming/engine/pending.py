@@ -1,0 +1,156 @@
+"""One subscription's unacknowledged messages: deadline lanes, the due queue, attempt counts.
+
+Messages are kept in *lanes*, one per redelivery delay (one lane with a fixed AckWait, one per distinct
+delay with backoff). A lane is an insertion-ordered dict `seq -> deadline`, and every insertion uses
+`now + delay` with a clock that never goes back, so each lane is in deadline order: finding what has
+expired stops at the first entry not yet due, and no heap, task or timer object exists per message.
+
+The *due* queue holds messages to send as soon as the subscription can take them: moved here from a
+leaving queue member, recovered after a restart, pending on a resumed durable, or expired while the
+opt-in MaxInflight-on-redeliveries limit was reached. It is drained before any new message.
+
+Attempt counts are stored only for messages sent more than once (most pending messages are on their
+first attempt), which keeps a pending message at about 100 bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from streaming.engine.events import Reason
+
+
+class PendingSet:
+    __slots__ = ("_attempts", "_due", "_lanes", "_size")
+
+    def __init__(self) -> None:
+        self._lanes: dict[float, dict[int, float]] = {}  # delay -> {seq: deadline}, deadline order
+        self._due: dict[int, Reason] = {}  # seq -> why it is due, in the order it became due
+        self._attempts: dict[int, int] = {}  # seq -> deliveries so far, only when > 1
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __contains__(self, seq: int) -> bool:
+        return seq in self._due or any(seq in lane for lane in self._lanes.values())
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self._due
+        for lane in self._lanes.values():
+            yield from lane
+
+    @property
+    def due_count(self) -> int:
+        return len(self._due)
+
+    @property
+    def in_flight(self) -> int:
+        """Messages sent and not yet expired (what MaxInflight bounds)."""
+        return self._size - len(self._due)
+
+    def attempt(self, seq: int) -> int:
+        return self._attempts.get(seq, 1)
+
+    def sent(self, seq: int, attempt: int, delay: float, deadline: float) -> None:
+        """Record a (re)delivery of `seq` whose deadline is `deadline` (= now + delay)."""
+        if self._due.pop(seq, None) is None and not self._drop_from_lanes(seq):
+            self._size += 1
+        lane = self._lanes.get(delay)
+        if lane is None:
+            lane = self._lanes[delay] = {}
+        lane[seq] = deadline
+        if attempt > 1:
+            self._attempts[seq] = attempt
+
+    def add_due(self, seq: int, attempt: int, reason: Reason) -> None:
+        """Make `seq` pending and due now (it keeps its attempt count)."""
+        if seq not in self._due and not self._drop_from_lanes(seq):
+            self._size += 1
+        self._due[seq] = reason
+        if attempt > 1:
+            self._attempts[seq] = attempt
+
+    def remove(self, seq: int) -> tuple[int, float] | None:
+        """Forget `seq`; returns (attempt, delivered at) or None if it was not pending.
+
+        `delivered at` is the clock time of its last delivery, or -1.0 if it was waiting in the due queue.
+        """
+        if self._due.pop(seq, None) is not None:
+            delivered = -1.0
+        else:
+            for delay, lane in self._lanes.items():
+                deadline = lane.pop(seq, None)
+                if deadline is not None:
+                    delivered = deadline - delay
+                    break
+            else:
+                return None
+        self._size -= 1
+        return self._attempts.pop(seq, 1), delivered
+
+    def touch(self, seq: int, now: float) -> bool:
+        """Restart the wait of an in-flight message (ack-progress): it goes to the end of its lane."""
+        for delay, lane in self._lanes.items():
+            if lane.pop(seq, None) is not None:
+                lane[seq] = now + delay
+                return True
+        return False
+
+    def next_deadline(self) -> float | None:
+        """The earliest lane deadline (the due queue is the caller's business)."""
+        earliest: float | None = None
+        for lane in self._lanes.values():
+            for deadline in lane.values():
+                if earliest is None or deadline < earliest:
+                    earliest = deadline
+                break
+        return earliest
+
+    def pop_expired(self, now: float, limit: int) -> list[tuple[int, float]]:
+        """Up to `limit` in-flight messages whose deadline has passed, as (seq, delay), oldest first.
+
+        They leave the lanes but stay pending (counted, and acks still find them once the caller
+        puts them back with `sent` or `add_due`).
+        """
+        found: list[tuple[float, int, float]] = []
+        for delay, lane in self._lanes.items():
+            taken = 0
+            for seq, deadline in lane.items():
+                if deadline > now or taken >= limit:
+                    break
+                found.append((deadline, seq, delay))
+                taken += 1
+        if len(self._lanes) > 1:
+            found.sort()
+            del found[limit:]
+        out = []
+        for _, seq, delay in found:
+            del self._lanes[delay][seq]
+            self._due[seq] = Reason.ACK_TIMEOUT  # parked until the caller re-sends or moves it
+            out.append((seq, delay))
+        return out
+
+    def pop_due(self) -> tuple[int, Reason] | None:
+        for seq, reason in self._due.items():
+            del self._due[seq]
+            self._size -= 1
+            return seq, reason
+        return None
+
+    def peek_due(self) -> tuple[int, Reason] | None:
+        for seq, reason in self._due.items():
+            return seq, reason
+        return None
+
+    def make_all_due(self, reason: Reason) -> None:
+        """Every pending message becomes due, in sequence order (restart and durable resume)."""
+        everything = sorted(self)
+        self._due = dict.fromkeys(everything, reason)
+        self._lanes = {}
+
+    def _drop_from_lanes(self, seq: int) -> bool:
+        for lane in self._lanes.values():
+            if lane.pop(seq, None) is not None:
+                return True
+        return False
