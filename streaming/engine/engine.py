@@ -203,6 +203,17 @@ class Engine:
         sub = self._subs[sub_id]
         return {seq: sub.pending.attempt(seq) for seq in sub.pending}
 
+    def in_flight(self, sub_id: int) -> int:
+        """Pending messages sent and not yet expired (excludes those waiting to be redelivered)."""
+        return self._subs[sub_id].pending.in_flight
+
+    def owner_key(self, sub_id: int) -> tuple[str, str, int]:
+        """Who acks count for: the queue group (any member) or the subscription itself."""
+        sub = self._subs[sub_id]
+        if sub.group is not None:
+            return (sub.group.channel, sub.group.name, 0)
+        return (sub.record.channel, "", sub_id)
+
     def is_online(self, sub_id: int) -> bool:
         return self._subs[sub_id].online
 
@@ -491,8 +502,12 @@ class Engine:
 
     def on_appended(self, channel: str, now: float, messages: Sequence[Message] = ()) -> None:
         """New messages were committed to `channel` (pass them to spare the store a read)."""
-        if messages:
-            self._recent[channel] = (messages[0].seq, messages)
+        info = self.store.channel_info(channel)
+        if messages and info is not None:
+            # A batch that went over a limit may have evicted some of its own messages already.
+            kept = messages[max(0, info.first_seq - messages[0].seq) :]
+            if kept:
+                self._recent[channel] = (kept[0].seq, kept)
         for sub in list(self._plain.get(channel, {}).values()):
             self._pump_sub(sub, now)
         for group in list(self._groups.get(channel, {}).values()):
@@ -565,10 +580,10 @@ class Engine:
 
     def _pump_group(self, group: _Group, now: float) -> None:
         blocked = False
-        for member in group.members:
-            if member.pending.due_count and not self._hb_failed(member):
-                self._drain_due(member, now)
-            if member.pending.due_count and not self._hb_failed(member):
+        for each in group.members:
+            if each.pending.due_count and not self._hb_failed(each):
+                self._drain_due(each, now)
+            if each.pending.due_count and not self._hb_failed(each):
                 blocked = True  # its redeliveries still wait for room: new messages wait too
         info = self.store.channel_info(group.channel)
         if blocked or info is None or group.last_sent >= info.last_seq:
@@ -590,8 +605,8 @@ class Engine:
                 group.last_sent = message.seq
                 receivers[member.record.sub_id] = member
                 member = self._pick(group, for_new=True)
-        for sub_id, member in receivers.items():
-            member.last_sent = group.last_sent
+        for sub_id, receiver in receivers.items():
+            receiver.last_sent = group.last_sent
             self._updates.append(SetLastSent(sub_id, group.last_sent))
 
     def _pick(self, group: _Group, *, for_new: bool) -> _Sub | None:
