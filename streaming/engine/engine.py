@@ -207,6 +207,10 @@ class Engine:
         """Pending messages sent and not yet expired (excludes those waiting to be redelivered)."""
         return self._subs[sub_id].pending.in_flight
 
+    def waiting(self, sub_id: int) -> set[int]:
+        """Pending messages due for redelivery that the subscription cannot take yet."""
+        return set(self._subs[sub_id].pending.due())
+
     def owner_key(self, sub_id: int) -> tuple[str, str, int]:
         """Who acks count for: the queue group (any member) or the subscription itself."""
         sub = self._subs[sub_id]
@@ -643,8 +647,15 @@ class Engine:
         self._forget(sub, message.seq)
         self._dead.append(
             DeadLetter(
-                target, record.channel, message.seq, attempts, record.sub_id, record.client_id, record.durable_name,
-                record.queue_group, message,
+                target,
+                record.channel,
+                message.seq,
+                attempts,
+                record.sub_id,
+                record.client_id,
+                record.durable_name,
+                record.queue_group,
+                message,
             )
         )
         self._emit_if(DeadLettered(sub.ref, message.seq, attempts, target))
@@ -695,6 +706,8 @@ class Engine:
                 attempt = sub.pending.attempt(seq)
                 self._forget(sub, seq)
                 target.pending.add_due(seq, attempt, Reason.ACK_TIMEOUT)
+                # Persisted now: the target may not be able to send it yet (full, or failing heartbeats).
+                self._updates.append(SetPending(target.record.sub_id, seq, attempt))
                 self._timers.add(target.record.sub_id)
         self._pump_group(group, now)
         return len(expired) >= limit
@@ -715,6 +728,7 @@ class Engine:
             engine.add_client(client.client_id)
         channels = {c.name for c in state.channels}
         shadows: dict[tuple[str, str], list[tuple[SubscriptionRecord, dict[int, int]]]] = {}
+
         def online(record: SubscriptionRecord) -> bool:
             return record.client_id in engine._clients and not record.is_closed
 
@@ -756,7 +770,9 @@ class Engine:
         group.last_sent = max(group.last_sent, record.last_sent)
         return group
 
-    def _restore_shadow(self, channel: str, key: str, candidates: list[tuple[SubscriptionRecord, dict[int, int]]]) -> None:
+    def _restore_shadow(
+        self, channel: str, key: str, candidates: list[tuple[SubscriptionRecord, dict[int, int]]]
+    ) -> None:
         """An empty durable group's state; several shadows merge into the one with the highest position."""
         candidates.sort(key=lambda c: c[0].last_sent)
         record, pending = candidates[-1]
@@ -831,4 +847,3 @@ def dead_letter_payload(dead: DeadLetter) -> bytes:
         },
         separators=(",", ":"),
     ).encode()
-

@@ -131,12 +131,8 @@ class PendingSet:
             out.append((seq, delay))
         return out
 
-    def pop_due(self) -> tuple[int, Reason] | None:
-        for seq, reason in self._due.items():
-            del self._due[seq]
-            self._size -= 1
-            return seq, reason
-        return None
+    def due(self) -> Iterator[int]:
+        return iter(self._due)
 
     def peek_due(self) -> tuple[int, Reason] | None:
         for seq, reason in self._due.items():

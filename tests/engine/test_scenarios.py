@@ -21,7 +21,7 @@ from storage import (
     StoreLimits,
 )
 from streaming.engine import Reason, RequestError
-from tests.engine.harness import S, Harness
+from tests.engine.harness import Harness, S
 
 NEW, TIMEOUT, LEFT, RESTART, RESUME = (
     Reason.NEW,
@@ -553,3 +553,21 @@ def test_time_is_only_what_it_is_given() -> None:
         h.advance(0.001)
         assert h.take(sub) == [(1, 2, TIMEOUT)]
     assert S == 1_000_000_000
+
+
+def test_due_redeliveries_hold_new_messages_while_heartbeats_fail() -> None:
+    """A durable resumed by a client that is failing heartbeats: neither its pending nor new messages
+    go out until the client answers again, and then the pending ones come first."""
+    h = Harness()
+    h.client()
+    dur = h.subscribe(durable="d", ack_wait_s=1)
+    h.publish("foo", b"1")
+    assert h.seqs(dur) == [1]
+    h.engine.close_subscription(dur, h.now)
+    h.engine.set_heartbeat_failed("c", True, h.now)
+    h.subscribe(durable="d", ack_wait_s=1)
+    h.publish("foo", b"2")
+    assert h.take(dur) == []
+    h.engine.set_heartbeat_failed("c", False, h.now)
+    h.collect()
+    assert h.take(dur) == [(1, 2, RESUME), (2, 1, NEW)]
