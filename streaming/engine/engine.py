@@ -10,7 +10,7 @@ what the outside must do. The Trio runtime (streaming/runtime.py) or a test drai
 - `take_timer_changes()`: subscriptions whose next deadline may have moved (or that are gone).
 
 It reads messages from the store (cheap, in-process) but never writes to it. Behaviour is NATS
-Streaming's by default (spec §3.5–3.11); the opt-in options in `SubOptions` (MaxDeliver with a
+Streaming's by default (spec §3.5-3.11); the opt-in options in `SubOptions` (MaxDeliver with a
 dead-letter channel, backoff, MaxInflight applied to redeliveries) and ack-progress change it only for
 subscriptions that ask.
 """
@@ -76,7 +76,7 @@ class SubscribeRequest:
     start_position: StartPosition = StartPosition.NEW_ONLY
     start_sequence: int = 0
     start_time_delta_ns: int = 0
-    options: SubOptions = SubOptions()
+    options: SubOptions = attrs.field(factory=SubOptions)
 
     def __attrs_post_init__(self) -> None:
         if self.ack_wait_ms <= 0 or self.max_inflight <= 0:

@@ -115,12 +115,10 @@ class PendingSet:
         """
         found: list[tuple[float, int, float]] = []
         for delay, lane in self._lanes.items():
-            taken = 0
-            for seq, deadline in lane.items():
+            for taken, (seq, deadline) in enumerate(lane.items()):
                 if deadline > now or taken >= limit:
                     break
                 found.append((deadline, seq, delay))
-                taken += 1
         if len(self._lanes) > 1:
             found.sort()
             del found[limit:]
@@ -146,7 +144,4 @@ class PendingSet:
         self._lanes = {}
 
     def _drop_from_lanes(self, seq: int) -> bool:
-        for lane in self._lanes.values():
-            if lane.pop(seq, None) is not None:
-                return True
-        return False
+        return any(lane.pop(seq, None) is not None for lane in self._lanes.values())

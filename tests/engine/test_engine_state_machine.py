@@ -159,7 +159,8 @@ class EngineMachine(RuleBasedStateMachine):
                 options=options,
             )
         except RequestError as exc:
-            assert str(exc) == DUPLICATE_DURABLE and kind == "durable"
+            assert str(exc) == DUPLICATE_DURABLE
+            assert kind == "durable"
             return
         owner = self._owner(sub_id)
         record = self.h.engine.subscription(sub_id)
@@ -298,7 +299,7 @@ class EngineMachine(RuleBasedStateMachine):
             del self.model.sent[key]
         self.model.dead = {k for k in self.model.dead if k[0] != owner}
         for table in (self.model.start, self.model.acked, self.model.last_new, self.model.floor):
-            table.pop(owner, None)  # type: ignore[attr-defined]
+            table.pop(owner, None)
 
     def _evicted(self) -> set[int]:
         info = self.h.store.channel_info(CHANNEL)

@@ -7,6 +7,7 @@ restarts rebuild the engine from it (tests/engine/test_lmdb_restart.py does the 
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -174,7 +175,8 @@ def test_22_one_stalled_member_does_not_stall_the_group() -> None:
     h.publish("foo", count=5)
     h.publish("foo", count=5)
     assert store.reads == before
-    assert h.take(free) == [] and h.take(stalled) == []
+    assert h.take(free) == []
+    assert h.take(stalled) == []
     h.ack(free, 2)
     assert len(h.take(free)) == 1, "an ack un-stalls the group"
 
@@ -185,7 +187,8 @@ def test_23_delivery_with_gaps_and_dropped_messages() -> None:
     dur = h.subscribe(durable="d", max_inflight=2)
     queue = h.subscribe(queue="g", max_inflight=2)
     h.publish("foo", b"1", b"2")
-    assert h.seqs(dur) == [1, 2] and h.seqs(queue) == [1, 2]
+    assert h.seqs(dur) == [1, 2]
+    assert h.seqs(queue) == [1, 2]
     h.publish("foo", count=8)  # evicts 1..7: 1 and 2 leave pending, which frees room
     assert h.seqs(dur) == [8, 9], "evicted sequences are skipped"
     assert h.seqs(queue) == [8, 9]
@@ -214,10 +217,12 @@ def test_24_redelivery_and_queue_redelivery() -> None:
     assert h.take(queue) == [(1, 2, TIMEOUT)]
     h.ack(plain, 1)
     h.ack(queue, 1)
-    assert h.engine.pending(plain) == {} and h.engine.pending(queue) == {}
+    assert h.engine.pending(plain) == {}
+    assert h.engine.pending(queue) == {}
     assert h.engine.next_deadline(plain) is None, "the timer is gone"
     h.advance(10)
-    assert h.take(plain) == [] and h.take(queue) == []
+    assert h.take(plain) == []
+    assert h.take(queue) == []
 
 
 def test_25_multiple_redeliveries_are_spaced_by_ack_wait() -> None:
@@ -228,7 +233,8 @@ def test_25_multiple_redeliveries_are_spaced_by_ack_wait() -> None:
     q2 = h.subscribe(queue="g", ack_wait_s=1)
     h.publish("foo", b"x")
     times: dict[int, list[float]] = {sub: [h.now for _ in h.take(sub)] for sub in (plain, q1, q2)}
-    assert len(times[plain]) == 1 and len(times[q1] + times[q2]) == 1
+    assert len(times[plain]) == 1
+    assert len(times[q1] + times[q2]) == 1
     for _ in range(4):
         h.advance(0.25)
         for sub in (plain, q1, q2):
@@ -237,10 +243,12 @@ def test_25_multiple_redeliveries_are_spaced_by_ack_wait() -> None:
         for sub in (plain, q1, q2):
             times[sub] += [h.now for _ in h.take(sub)]
     gaps = [b - a for a, b in zip(times[plain], times[plain][1:], strict=False)]
-    assert len(gaps) == 4 and all(0.5 <= g <= 1.7 for g in gaps)
+    assert len(gaps) == 4
+    assert all(0.5 <= g <= 1.7 for g in gaps)
     queue_times = sorted(times[q1] + times[q2])
-    queue_gaps = [b - a for a, b in zip(queue_times, queue_times[1:], strict=False)]
-    assert len(queue_gaps) == 4 and all(0.5 <= g <= 1.7 for g in queue_gaps)
+    queue_gaps = [b - a for a, b in itertools.pairwise(queue_times)]
+    assert len(queue_gaps) == 4
+    assert all(0.5 <= g <= 1.7 for g in queue_gaps)
 
 
 def test_26_redelivery_count_per_sub_and_group_persisted() -> None:
@@ -286,7 +294,8 @@ def test_28_message_moved_to_another_member() -> None:
     qb = h.subscribe(queue="g", client="b", ack_wait_s=1, durable="dur")
     h.advance(1)
     assert h.seqs(qb) == [1], "the redelivery goes to the member with fewer pending"
-    assert h.engine.pending(qa) == {} and list(h.engine.pending(qb)) == [1]
+    assert h.engine.pending(qa) == {}
+    assert list(h.engine.pending(qb)) == [1]
     h.restart()
     assert h.engine.pending(qa) == {} and list(h.engine.pending(qb)) == [1], "also after a restart"
     h.take(qb)
@@ -305,7 +314,8 @@ def test_29_failed_heartbeats_skip_members_and_durables() -> None:
     dur = h.subscribe(client="sick", durable="d", ack_wait_s=1)
     h.engine.set_heartbeat_failed("sick", True, h.now)
     h.publish("foo", count=4)
-    assert h.seqs(sick_q) == [] and h.seqs(well_q) == [1, 2, 3, 4]
+    assert h.seqs(sick_q) == []
+    assert h.seqs(well_q) == [1, 2, 3, 4]
     h.advance(1)
     assert h.take(sick_q) == []
     assert [s for s, _, _ in h.take(well_q)] == [1, 2, 3, 4], "redeliveries avoid the failing member"
@@ -417,7 +427,9 @@ def test_35_durable_can_reconnect_once() -> None:
     assert again == dur
     assert [(s, r) for s, _, r in h.take(dur)] == [(1, NEW), (2, NEW), (2, RESUME)]
     record = h.engine.subscription(dur)
-    assert first_inbox is not None and record is not None and record.ack_inbox != first_inbox.ack_inbox
+    assert first_inbox is not None
+    assert record is not None
+    assert record.ack_inbox != first_inbox.ack_inbox
     h.ack(dur, 2)
     h.engine.close_subscription(dur, h.now)
     h.restart()
@@ -529,7 +541,8 @@ def test_40_limits() -> None:
     counting = h.subscribe("b", max_inflight=100)
     h.publish("b", count=12)
     info = h.store.channel_info("b")
-    assert info is not None and info.msgs == 5
+    assert info is not None
+    assert info.msgs == 5
     assert sorted(h.engine.pending(counting)) == [8, 9, 10, 11, 12], "evicted messages left pending"
     per_channel = Harness(
         limits=StoreLimits(channel=ChannelLimits(max_msgs=5), per_channel={"big": ChannelLimits(max_msgs=-1)})
@@ -537,7 +550,8 @@ def test_40_limits() -> None:
     per_channel.client()
     per_channel.publish("big", count=20)
     big = per_channel.store.channel_info("big")
-    assert big is not None and big.msgs == 20
+    assert big is not None
+    assert big.msgs == 20
 
 
 def test_time_is_only_what_it_is_given() -> None:
