@@ -56,12 +56,18 @@ class Store(abc.ABC):
     def __init__(self, limits: StoreLimits) -> None:
         self.limits = limits
         self._channels: dict[str, ChannelInfo] = {}  # by lower-cased name
+        self._folded: dict[str, str] = {}  # name -> lower-cased name, so lookups do not lower() each time
 
     # -- channels -----------------------------------------------------------------------------
 
     def channel_info(self, name: str) -> ChannelInfo | None:
         """The channel with exactly this name, or None. A case-only clash raises."""
-        info = self._channels.get(name.lower())
+        key = self._folded.get(name)
+        if key is None:
+            if len(self._folded) > 100_000:
+                self._folded.clear()
+            key = self._folded[name] = name.lower()
+        info = self._channels.get(key)
         if info is not None and info.name != name:
             raise ChannelNameConflictError(name, info.name)
         return info

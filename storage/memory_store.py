@@ -115,6 +115,11 @@ class MemoryStore(Store):
                 out.append(Message(seq, m.timestamp_unix_ns, info.name, m.reply, m.data))
         return out
 
+    def get(self, channel: str, seq: int) -> Message | None:
+        info = self._known(channel)
+        m = self._messages[info.channel_id].get(seq)
+        return None if m is None else Message(seq, m.timestamp_unix_ns, info.name, m.reply, m.data)
+
     def expire(self, now_unix_ns: int | None = None) -> ExpireResult:
         now = now_or(now_unix_ns)
         dropped: dict[str, range] = {}
@@ -136,18 +141,30 @@ class MemoryStore(Store):
         return next(self._sub_ids)
 
     def apply(self, updates: Iterable[SubUpdate]) -> None:
+        pending, subs = self._pending, self._subs
         for update in updates:
-            if isinstance(update, SetPending):
-                self._pending.setdefault(update.sub_id, {})[update.seq] = update.attempt
-            elif isinstance(update, ClearPending):
-                self._pending.get(update.sub_id, {}).pop(update.seq, None)
-            elif isinstance(update, SetLastSent):
-                record = self._subs.get(update.sub_id)
-                if record is not None:
-                    self._subs[update.sub_id] = attrs.evolve(record, last_sent=update.last_sent)
-            elif isinstance(update, SaveSubscription):
-                self._subs[update.record.sub_id] = update.record
-            elif isinstance(update, DeleteSubscription):
+            kind = type(update)
+            if kind is SetPending:
+                assert isinstance(update, SetPending)
+                entries = pending.get(update.sub_id)
+                if entries is None:
+                    entries = pending[update.sub_id] = {}
+                entries[update.seq] = update.attempt
+            elif kind is ClearPending:
+                assert isinstance(update, ClearPending)
+                entries = pending.get(update.sub_id)
+                if entries is not None:
+                    entries.pop(update.seq, None)
+            elif kind is SetLastSent:
+                assert isinstance(update, SetLastSent)
+                record = subs.get(update.sub_id)
+                if record is not None and record.last_sent != update.last_sent:
+                    subs[update.sub_id] = attrs.evolve(record, last_sent=update.last_sent)
+            elif kind is SaveSubscription:
+                assert isinstance(update, SaveSubscription)
+                subs[update.record.sub_id] = update.record
+            elif kind is DeleteSubscription:
+                assert isinstance(update, DeleteSubscription)
                 self._delete_sub(update.sub_id)
 
     def _delete_sub(self, sub_id: int) -> None:

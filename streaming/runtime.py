@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import TypeVar
@@ -28,6 +29,7 @@ from storage import ChannelError, NewMessage, Store, StoreError, SubUpdate
 from streaming.engine import DeadLetter, Delivery, Engine, dead_letter_payload
 
 log = logging.getLogger(__name__)
+_INLINE_APPLY = 2000  # updates per store call when the store runs on the Trio thread
 T = TypeVar("T")
 
 
@@ -53,7 +55,7 @@ class EngineRuntime:
         deliver: Callable[[list[Delivery]], None],
         *,
         store_in_thread: bool = False,
-        scan_limit: int = 1000,
+        scan_limit: int = 500,
     ) -> None:
         self.engine = engine
         self.store: Store = engine.store
@@ -67,6 +69,8 @@ class EngineRuntime:
         self._idle = trio.Event()
         self._idle.set()
         self._nursery: trio.Nursery | None = None
+        self._expired: dict[int, None] = {}  # subscriptions whose deadline passed, in order
+        self._expiry_work = trio.Event()
         self._expiry_passes = 0
         self._longest_chunk = 0.0
 
@@ -76,6 +80,7 @@ class EngineRuntime:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._flusher)
+                nursery.start_soon(self._expiry_worker)
                 task_status.started()
                 self.sync()
                 await trio.sleep_forever()
@@ -115,7 +120,7 @@ class EngineRuntime:
 
     def _arm(self, sub_id: int) -> None:
         timer = self._timers.get(sub_id)
-        if self.engine.subscription(sub_id) is None:
+        if not self.engine.has_subscription(sub_id):
             if timer is not None:
                 timer.task.cancel()
                 del self._timers[sub_id]
@@ -139,19 +144,36 @@ class EngineRuntime:
                     timer.wake = wake
                     await trio.sleep_forever()
                 timer.wake = None
-                await self._expire(sub_id)
-                deadline = self.engine.next_deadline(sub_id)
-                timer.deadline = math.inf if deadline is None else deadline
+                # The expiry worker does the work and re-arms this timer (through sync()).
+                timer.deadline = math.inf
+                self._expired[sub_id] = None
+                self._expiry_work.set()
 
-    async def _expire(self, sub_id: int) -> None:
-        self._expiry_passes += 1
-        more = True
-        while more:
-            started = trio.current_time()
-            more = self.engine.expire(sub_id, trio.current_time(), self._scan_limit)
-            self.sync()
-            self._longest_chunk = max(self._longest_chunk, trio.current_time() - started)
-            await trio.lowlevel.checkpoint()  # let acks and publishes in between long scans
+    async def _expiry_worker(self) -> None:
+        """Handles expired subscriptions `scan_limit` messages at a time, yielding in between.
+
+        One worker rather than each timer task doing its own work: when many subscriptions expire at
+        once, their timer tasks all wake in one scheduler batch, and Trio only looks at the network
+        between batches. Here a batch holds at most one chunk.
+        """
+        while True:
+            await self._expiry_work.wait()
+            self._expiry_work = trio.Event()
+            while self._expired:
+                self._expiry_passes += 1
+                started = time.perf_counter()
+                now = trio.current_time()
+                budget = self._scan_limit
+                while self._expired and budget > 0:
+                    sub_id = next(iter(self._expired))
+                    handled = self.engine.expire(sub_id, now, budget)
+                    budget -= handled
+                    if budget > 0:  # this subscription is done for now
+                        del self._expired[sub_id]
+                        self.engine.mark_timer(sub_id)
+                self.sync()
+                self._longest_chunk = max(self._longest_chunk, time.perf_counter() - started)
+                await trio.lowlevel.checkpoint()  # let acks and publishes in between chunks
 
     # -- store writes ----------------------------------------------------------------------------
 
@@ -167,12 +189,15 @@ class EngineRuntime:
             if dead:
                 await self._publish_dead_letters(dead)
             updates, self._updates = self._updates, []
-            if updates:
+            # On a worker thread one transaction takes the lot; on the Trio thread slices keep the
+            # loop responsive (each slice is still applied in order, so the result is the same).
+            step = len(updates) if self._store_in_thread else _INLINE_APPLY
+            for start in range(0, len(updates), step or 1):
                 try:
-                    await self._call(partial(self.store.apply, updates))
+                    await self._call(partial(self.store.apply, updates[start : start + step]))
                 except StoreError:
-                    # Losing these only causes redeliveries; the next burst retries with fresh state.
-                    log.exception("could not write %d subscription updates", len(updates))
+                    # Losing these only causes redeliveries; later updates carry on from fresh state.
+                    log.exception("could not write %d subscription updates", len(updates[start : start + step]))
         self._idle.set()
 
     async def _publish_dead_letters(self, dead: list[DeadLetter]) -> None:

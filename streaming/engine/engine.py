@@ -23,8 +23,10 @@ from collections.abc import Sequence
 
 import attrs
 
-from storage import (
-    ChannelError,
+# The engine depends on the store's interface only (storage.base), never on an implementation.
+from storage.base import Store
+from storage.errors import ChannelError
+from storage.records import (
     ClearPending,
     DeleteSubscription,
     Message,
@@ -33,7 +35,6 @@ from storage import (
     SetLastSent,
     SetPending,
     StartPosition,
-    Store,
     SubOptions,
     SubscriptionRecord,
     SubUpdate,
@@ -148,6 +149,7 @@ class Engine:
         self._per_channel: dict[str, int] = {}  # subscriptions counted against max_subs
         self._clients: dict[str, _Client] = {}
         self._recent: dict[str, tuple[int, Sequence[Message]]] = {}  # channel -> just-appended messages
+        self._cache: dict[tuple[str, int], Message] = {}  # recently redelivered messages
         self._deliveries: list[Delivery] = []
         self._updates: list[SubUpdate] = []
         self._dead: list[DeadLetter] = []
@@ -171,6 +173,10 @@ class Engine:
         out, self._dead = self._dead, []
         return out
 
+    def mark_timer(self, sub_id: int) -> None:
+        """Have the runtime look at this subscription's deadline again."""
+        self._timers.add(sub_id)
+
     def take_timer_changes(self) -> set[int]:
         out, self._timers = self._timers, set()
         return out
@@ -190,6 +196,9 @@ class Engine:
 
     def sub_for_ack_inbox(self, ack_inbox: str) -> int | None:
         return self._by_ack_inbox.get(ack_inbox)
+
+    def has_subscription(self, sub_id: int) -> bool:
+        return sub_id in self._subs
 
     def subscription(self, sub_id: int) -> SubscriptionRecord | None:
         sub = self._subs.get(sub_id)
@@ -469,11 +478,15 @@ class Engine:
         sub = self._subs.get(sub_id)
         if sub is None:
             return False
-        owner = self._owner(sub, seq)
-        if owner is None:
-            return False
-        removed = owner.pending.remove(seq)
-        assert removed is not None
+        owner: _Sub | None = sub
+        removed = sub.pending.remove(seq)
+        if removed is None:
+            owner = self._owner(sub, seq)  # another member of its queue group may hold it
+            if owner is None:
+                return False
+            removed = owner.pending.remove(seq)
+            assert removed is not None
+        assert owner is not None
         attempt, delivered_at = removed
         self._updates.append(ClearPending(owner.record.sub_id, seq))
         if self._observers:
@@ -520,6 +533,7 @@ class Engine:
 
     def on_dropped(self, channel: str, dropped: range) -> None:
         """Messages evicted by limits leave every pending set and are never redelivered."""
+        self._cache.clear()
         for sub in [s for s in self._subs.values() if s.record.channel == channel]:
             if len(dropped) <= len(sub.pending):
                 gone = [seq for seq in dropped if seq in sub.pending]
@@ -634,7 +648,10 @@ class Engine:
 
     def _send(self, sub: _Sub, message: Message, attempt: int, reason: Reason, now: float) -> None:
         delay = sub.delay(attempt)
-        sub.pending.sent(message.seq, attempt, delay, now + delay)
+        if attempt == 1:
+            sub.pending.sent_first(message.seq, delay, now + delay)
+        else:
+            sub.pending.sent(message.seq, attempt, delay, now + delay)
         self._updates.append(SetPending(sub.record.sub_id, message.seq, attempt))
         self._deliveries.append(Delivery(sub.record.sub_id, sub.record.inbox, message, attempt, reason))
         self._timers.add(sub.record.sub_id)
@@ -669,28 +686,40 @@ class Engine:
         return self.store.read(channel, start, count)
 
     def _read_one(self, channel: str, seq: int) -> Message | None:
-        found = self._read(channel, seq, 1)
-        return found[0] if found and found[0].seq == seq else None
+        recent = self._recent.get(channel)
+        if recent is not None and recent[0] <= seq < recent[0] + len(recent[1]):
+            return recent[1][seq - recent[0]]
+        # Redeliveries of one message to many subscriptions (fan-out) read it once.
+        key = (channel, seq)
+        message = self._cache.get(key)
+        if message is None:
+            message = self.store.get(channel, seq)
+            if message is not None:
+                if len(self._cache) >= 4096:
+                    self._cache.clear()
+                self._cache[key] = message
+        return message
 
     # -- timers ----------------------------------------------------------------------------------
 
-    def expire(self, sub_id: int, now: float, limit: int = 1000) -> bool:
-        """Handle up to `limit` expired messages of one subscription; True if more may be due.
+    def expire(self, sub_id: int, now: float, limit: int = 1000) -> int:
+        """Handle up to `limit` expired messages of one subscription; returns how many it handled
+        (when that is `limit`, more may be due).
 
         The runtime calls it when the subscription's deadline passes and yields between calls.
         """
         sub = self._subs.get(sub_id)
         if sub is None or not sub.online:
-            return False
+            return 0
         expired = sub.pending.pop_expired(now, limit)
         if not expired:
-            return False
+            return 0
         self._timers.add(sub_id)
         if sub.group is None and self._hb_failed(sub):
             # The client is not answering heartbeats: skip this pass, wait another AckWait.
             for seq, delay in expired:
                 sub.pending.sent(seq, sub.pending.attempt(seq), delay, now + delay)
-            return len(expired) >= limit
+            return len(expired)
         if self._observers:
             for seq, delay in expired:
                 self._emit(AckTimedOut(sub.ref, seq, sub.pending.attempt(seq), delay))
@@ -698,7 +727,7 @@ class Engine:
             self._drain_due(sub, now)
             if not sub.pending.due_count:
                 self._send_new(sub, now)
-            return len(expired) >= limit
+            return len(expired)
         group = sub.group
         for seq, _ in expired:
             target = self._pick(group, for_new=False)
@@ -710,7 +739,7 @@ class Engine:
                 self._updates.append(SetPending(target.record.sub_id, seq, attempt))
                 self._timers.add(target.record.sub_id)
         self._pump_group(group, now)
-        return len(expired) >= limit
+        return len(expired)
 
     # -- restart -----------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from typing import Protocol
 
 import attrs
 
-from storage import Message
+from storage.records import Message
 
 
 class Reason(enum.Enum):
@@ -24,9 +24,13 @@ class Reason(enum.Enum):
     RESUME = "resume"  # a durable (or durable queue group) came back with messages still pending
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class Delivery:
-    """One MsgProto to send to `inbox`; `attempt` is 1 on the first delivery (redeliveryCount + 1)."""
+    """One MsgProto to send to `inbox`; `attempt` is 1 on the first delivery (redeliveryCount + 1).
+
+    Not frozen only because one is built per message (frozen attrs classes cost twice as much); treat
+    it as immutable.
+    """
 
     sub_id: int
     inbox: str

@@ -33,7 +33,12 @@ class PendingSet:
         return self._size
 
     def __contains__(self, seq: int) -> bool:
-        return seq in self._due or any(seq in lane for lane in self._lanes.values())
+        if seq in self._due:
+            return True
+        for lane in self._lanes.values():
+            if seq in lane:
+                return True
+        return False
 
     def __iter__(self) -> Iterator[int]:
         yield from self._due
@@ -62,6 +67,14 @@ class PendingSet:
         lane[seq] = deadline
         if attempt > 1:
             self._attempts[seq] = attempt
+
+    def sent_first(self, seq: int, delay: float, deadline: float) -> None:
+        """Record the first delivery of a message that was not pending (the common case)."""
+        lane = self._lanes.get(delay)
+        if lane is None:
+            lane = self._lanes[delay] = {}
+        lane[seq] = deadline
+        self._size += 1
 
     def add_due(self, seq: int, attempt: int, reason: Reason) -> None:
         """Make `seq` pending and due now (it keeps its attempt count)."""

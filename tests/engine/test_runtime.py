@@ -1,0 +1,191 @@
+"""The Trio runtime under a virtual clock (autojump_clock): timers, yielding, store flushing.
+
+Store work stays on the Trio thread here (store_in_thread=False): under MockClock virtual time would
+jump while a worker thread runs.
+"""
+
+from __future__ import annotations
+
+import json
+
+import trio
+import trio.lowlevel
+import trio.testing
+
+from storage import ClientRecord, MemoryStore, Message, NewMessage, SubOptions
+from streaming.engine import Delivery, Engine, Reason, SubscribeRequest
+from streaming.runtime import EngineRuntime
+
+
+class World:
+    """An engine over a memory store, run by the runtime, recording when each delivery went out."""
+
+    def __init__(self) -> None:
+        self.store = MemoryStore()
+        self.engine = Engine(self.store)
+        self.sent: list[tuple[float, Delivery]] = []
+        self.runtime = EngineRuntime(self.engine, self._deliver)
+        self.store.register_client(ClientRecord("c", "_HB"))
+        self.engine.add_client("c")
+
+    def _deliver(self, deliveries: list[Delivery]) -> None:
+        now = trio.current_time()
+        self.sent += [(now, d) for d in deliveries]
+
+    def subscribe(self, ack_wait_s: float = 1, max_inflight: int = 1024, **options: object) -> int:
+        n = len(self.engine.subscriptions())
+        request = SubscribeRequest(
+            "c",
+            "foo",
+            f"_INBOX.{n}",
+            f"_ACK.{n}",
+            int(ack_wait_s * 1000),
+            max_inflight,
+            options=SubOptions(**options),  # type: ignore[arg-type]
+        )
+        sub_id = self.engine.subscribe(request, trio.current_time(), 0)
+        self.runtime.sync()
+        return sub_id
+
+    def publish(self, count: int) -> None:
+        self.store.ensure_channel("foo")
+        result = self.store.append([NewMessage("foo", b"x")] * count)
+        messages = [Message(s, ts, "foo", "", b"x") for s, ts in result.assigned]
+        self.engine.on_appended("foo", trio.current_time(), messages)
+        self.runtime.sync()
+
+
+def count_tasks() -> int:
+    """Every task in this Trio run."""
+    root = trio.lowlevel.current_root_task()
+    assert root is not None
+    stack, seen = [root], 0
+    while stack:
+        task = stack.pop()
+        seen += 1
+        for nursery in task.child_nurseries:
+            stack.extend(nursery.child_tasks)
+    return seen
+
+
+async def test_redelivery_fires_exactly_at_ack_wait(autojump_clock: trio.testing.MockClock) -> None:
+    w = World()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.runtime.run)
+        sub = w.subscribe(ack_wait_s=2)
+        start = trio.current_time()
+        w.publish(1)
+        await trio.sleep(7)
+        times = [round(t - start, 6) for t, d in w.sent if d.sub_id == sub]
+        assert times == [0.0, 2.0, 4.0, 6.0]
+        assert [d.attempt for _, d in w.sent] == [1, 2, 3, 4]
+        w.engine.ack(sub, 1, trio.current_time())
+        w.runtime.sync()
+        await trio.sleep(10)
+        assert len(w.sent) == 4, "nothing after the ack"
+        nursery.cancel_scope.cancel()
+
+
+async def test_one_timer_task_per_subscription_not_per_message(autojump_clock: trio.testing.MockClock) -> None:
+    w = World()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.runtime.run)
+        await trio.sleep(0.1)
+        before = count_tasks()
+        subs = [w.subscribe(ack_wait_s=1 + i) for i in range(3)]
+        w.publish(5000)
+        await trio.sleep(0.5)
+        assert w.runtime.statistics().timer_tasks == 3
+        assert count_tasks() - before == 3, "5000 pending messages, three subscriptions: three timer tasks"
+        w.engine.unsubscribe(subs[0], trio.current_time())
+        w.runtime.sync()
+        await trio.lowlevel.checkpoint()
+        assert w.runtime.statistics().timer_tasks == 2, "a removed subscription's timer task ends"
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_long_expiry_yields_so_acks_are_not_starved(autojump_clock: trio.testing.MockClock) -> None:
+    w = World()
+    w.runtime = EngineRuntime(w.engine, w._deliver, scan_limit=1000)
+    progress_seen: list[int] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.runtime.run)
+        sub = w.subscribe(ack_wait_s=1, max_inflight=100_000)
+        w.publish(20_000)
+        await trio.sleep(0.999)
+        before = len(w.sent)
+
+        async def acker() -> None:
+            # Runs at the same moment the timer fires: it must get a turn during the scan.
+            await trio.sleep(0.001)
+            for _ in range(50):
+                progress_seen.append(len(w.sent) - before)
+                w.engine.ack(sub, 20_000, trio.current_time())
+                w.runtime.sync()
+                await trio.lowlevel.checkpoint()
+
+        nursery.start_soon(acker)
+        await trio.sleep(0.5)
+        assert len(w.sent) - before == 20_000 - 1, "every expired message was redelivered but the acked one"
+        assert min(progress_seen) < 20_000 - 1, "the ack task ran while the expiry was in progress"
+        assert w.runtime.statistics().expiry_passes >= 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_updates_reach_the_store(autojump_clock: trio.testing.MockClock) -> None:
+    w = World()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.runtime.run)
+        sub = w.subscribe(ack_wait_s=1)
+        w.publish(3)
+        await w.runtime.flush()
+        (recovered,) = w.store.recover().subscriptions
+        assert dict(recovered.pending) == {1: 1, 2: 1, 3: 1}
+        assert recovered.record.last_sent == 3
+        w.engine.ack(sub, 2, trio.current_time())
+        await trio.sleep(1)
+        await w.runtime.flush()
+        (recovered,) = w.store.recover().subscriptions
+        assert dict(recovered.pending) == {1: 2, 3: 2}, "attempt counts are written as they grow"
+        nursery.cancel_scope.cancel()
+
+
+async def test_dead_letters_are_published(autojump_clock: trio.testing.MockClock) -> None:
+    w = World()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.runtime.run)
+        sub = w.subscribe(ack_wait_s=1, max_deliver=2, dead_letter_channel="poison")
+        w.publish(1)
+        await trio.sleep(5)
+        await w.runtime.flush()
+        assert [d.attempt for _, d in w.sent if d.sub_id == sub] == [1, 2]
+        (letter,) = w.store.read("poison", 1, 10)
+        body = json.loads(letter.data)
+        assert (body["channel"], body["seq"], body["attempts"], body["sub_id"]) == ("foo", 1, 2, sub)
+        assert w.engine.pending(sub) == {}
+        nursery.cancel_scope.cancel()
+
+
+async def test_ack_progress_and_backoff_move_the_timer(autojump_clock: trio.testing.MockClock) -> None:
+    w = World()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.runtime.run)
+        slow = w.subscribe(ack_wait_s=2)
+        w.publish(1)
+        start = trio.current_time()
+        await trio.sleep(1.5)
+        assert w.engine.ack_progress(slow, 1, trio.current_time())
+        w.runtime.sync()
+        await trio.sleep(1.9)
+        assert len(w.sent) == 1, "ack-progress restarted the wait"
+        await trio.sleep(0.2)
+        assert [round(t - start, 6) for t, _ in w.sent] == [0.0, 3.5]
+        w.engine.ack(slow, 1, trio.current_time())
+        backoff = w.subscribe(ack_wait_s=30, backoff_ms=(100, 400, 1600))
+        w.publish(1)
+        start = trio.current_time()
+        await trio.sleep(4)
+        times = [round(t - start, 6) for t, d in w.sent if d.sub_id == backoff]
+        assert times == [0.0, 0.1, 0.5, 2.1, 3.7], "delays follow the backoff list, then repeat the last"
+        assert all(d.reason is Reason.ACK_TIMEOUT for _, d in w.sent[-4:])
+        nursery.cancel_scope.cancel()
