@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from storage.base import SCHEMA_VERSION, Store, StoreStatistics, now_or
-from storage.codec import encode_reply, message_size
+from storage.codec import MSG_HEADER_SIZE, encode_reply
 from storage.limits import StoreLimits, plan_eviction
 from storage.records import (
     AppendResult,
@@ -76,18 +76,29 @@ class MemoryStore(Store):
         now = now_or(now_unix_ns)
         infos = {m.channel: self._known(m.channel) for m in messages}
         replies = [encode_reply(m.reply) for m in messages]  # validate all before changing anything
+        # Every message of a channel in one batch gets the same timestamp (now, clamped), as in LMDB.
+        next_seq = {name: info.last_seq + 1 for name, info in infos.items()}
+        stamps = {name: max(now, info.last_timestamp_unix_ns) for name, info in infos.items()}
+        added = dict.fromkeys(infos, 0)
         assigned: list[tuple[int, int]] = []
         for msg, reply in zip(messages, replies, strict=True):
-            info = infos[msg.channel]
-            seq, ts = info.last_seq + 1, max(now, info.last_timestamp_unix_ns)
-            size = message_size(reply, msg.data)
-            self._messages[info.channel_id][seq] = _Stored(ts, msg.reply, msg.data, size)
-            infos[msg.channel] = attrs.evolve(
-                info, last_seq=seq, msgs=info.msgs + 1, bytes=info.bytes + size, last_timestamp_unix_ns=ts
-            )
+            name = msg.channel
+            seq, ts = next_seq[name], stamps[name]
+            next_seq[name] = seq + 1
+            size = MSG_HEADER_SIZE + len(reply) + len(msg.data)
+            self._messages[infos[name].channel_id][seq] = _Stored(ts, msg.reply, msg.data, size)
+            added[name] += size
             assigned.append((seq, ts))
         dropped: dict[str, range] = {}
         for name, info in infos.items():
+            count = next_seq[name] - 1 - info.last_seq
+            info = attrs.evolve(
+                info,
+                last_seq=next_seq[name] - 1,
+                msgs=info.msgs + count,
+                bytes=info.bytes + added[name],
+                last_timestamp_unix_ns=stamps[name],
+            )
             info, gone = self._evict(info, now)
             self._channels[name.lower()] = info
             if gone:

@@ -150,6 +150,7 @@ class Engine:
         self._clients: dict[str, _Client] = {}
         self._recent: dict[str, tuple[int, Sequence[Message]]] = {}  # channel -> just-appended messages
         self._cache: dict[tuple[str, int], Message] = {}  # recently redelivered messages
+        self._last_seq: dict[str, int] = {}  # channel -> last stored sequence (kept by on_appended)
         self._deliveries: list[Delivery] = []
         self._updates: list[SubUpdate] = []
         self._dead: list[DeadLetter] = []
@@ -520,6 +521,8 @@ class Engine:
     def on_appended(self, channel: str, now: float, messages: Sequence[Message] = ()) -> None:
         """New messages were committed to `channel` (pass them to spare the store a read)."""
         info = self.store.channel_info(channel)
+        if info is not None:
+            self._last_seq[channel] = info.last_seq
         if messages and info is not None:
             # A batch that went over a limit may have evicted some of its own messages already.
             kept = messages[max(0, info.first_seq - messages[0].seq) :]
@@ -579,9 +582,18 @@ class Engine:
                 continue
             self._send(sub, message, attempt, reason, now)
 
+    def _channel_last(self, channel: str) -> int:
+        last = self._last_seq.get(channel)
+        if last is None:
+            info = self.store.channel_info(channel)
+            last = self._last_seq[channel] = info.last_seq if info is not None else 0
+        return last
+
     def _send_new(self, sub: _Sub, now: float) -> None:
+        if sub.last_sent >= self._channel_last(sub.record.channel) or sub.stalled:
+            return  # the common case after an ack: nothing new (no store lookup)
         info = self.store.channel_info(sub.record.channel)
-        if info is None or sub.last_sent >= info.last_seq or sub.stalled:
+        if info is None:
             return
         start = sub.last_sent
         while sub.last_sent < info.last_seq and not sub.stalled:

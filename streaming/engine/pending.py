@@ -35,7 +35,7 @@ class PendingSet:
     def __contains__(self, seq: int) -> bool:
         if seq in self._due:
             return True
-        for lane in self._lanes.values():
+        for lane in self._lanes.values():  # noqa: SIM110 - a plain loop, no generator, on the ack path
             if seq in lane:
                 return True
         return False
