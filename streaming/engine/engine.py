@@ -735,6 +735,18 @@ class Engine:
         if self._observers:
             for seq, delay in expired:
                 self._emit(AckTimedOut(sub.ref, seq, sub.pending.attempt(seq), delay))
+        options = sub.record.options
+        if sub.group is None and not options.max_inflight_redeliveries and not options.max_deliver:
+            # The common case, straight through: redeliver each expired message now, in order.
+            pending, channel = sub.pending, sub.record.channel
+            for seq, _ in expired:
+                message = self._read_one(channel, seq)
+                if message is None:
+                    self._forget(sub, seq)
+                    self._emit_if(ExpiredByLimit(sub.ref, seq))
+                else:
+                    self._send(sub, message, pending.attempt(seq) + 1, Reason.ACK_TIMEOUT, now)
+            return len(expired)
         if sub.group is None:
             self._drain_due(sub, now)
             if not sub.pending.due_count:
