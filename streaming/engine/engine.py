@@ -460,17 +460,21 @@ class Engine:
 
     def _hand_over(self, leaving: _Sub, group: _Group, now: float) -> int:
         """A leaving member's pending messages go round-robin to the others, due at once."""
-        order = list(leaving.pending)  # due ones first, then in deadline order
-        targets = group.members
-        for i, seq in enumerate(order):
-            target = targets[i % len(targets)]
-            attempt = leaving.pending.attempt(seq)
-            target.pending.add_due(seq, attempt, Reason.MEMBER_LEFT)
-            self._updates.append(SetPending(target.record.sub_id, seq, attempt))
+        order = [(seq, leaving.pending.attempt(seq)) for seq in leaving.pending]  # due first, then by deadline
+        self._distribute(group, order, Reason.MEMBER_LEFT)
         # The group's position must survive the leaving member's record.
-        self._updates.append(SetLastSent(targets[0].record.sub_id, group.last_sent))
+        self._updates.append(SetLastSent(group.members[0].record.sub_id, group.last_sent))
         self._pump_group(group, now)
         return len(order)
+
+    def _distribute(self, group: _Group, messages: list[tuple[int, int]], reason: Reason) -> None:
+        """Hand (seq, attempt) pairs round-robin to the group's members, due at once and persisted."""
+        targets = group.members
+        for i, (seq, attempt) in enumerate(messages):
+            target = targets[i % len(targets)]
+            target.pending.add_due(seq, attempt, reason)
+            self._updates.append(SetPending(target.record.sub_id, seq, attempt))
+            self._timers.add(target.record.sub_id)
 
     # -- acks ----------------------------------------------------------------------------------
 
@@ -802,10 +806,7 @@ class Engine:
                     group = engine._groups.get(record.channel, {}).get(key)
                     if group is not None and group.members:
                         # A non-durable member whose client is gone: its messages go to the others.
-                        for i, (seq, attempt) in enumerate(sorted(pending.items())):
-                            target = group.members[i % len(group.members)]
-                            target.pending.add_due(seq, attempt, Reason.RESTART)
-                            engine._updates.append(SetPending(target.record.sub_id, seq, attempt))
+                        engine._distribute(group, sorted(pending.items()), Reason.RESTART)
                     engine._updates.append(DeleteSubscription(record.sub_id))
             elif record.is_durable or is_online:
                 engine._restore(record, pending, None, online=is_online)
@@ -838,10 +839,7 @@ class Engine:
             self._updates.append(DeleteSubscription(other.sub_id))
         if group is not None and group.members:
             # Members came back (live clients): the shadow's messages go to them.
-            for i, (seq, attempt) in enumerate(sorted(pending.items())):
-                target = group.members[i % len(group.members)]
-                target.pending.add_due(seq, attempt, Reason.RESTART)
-                self._updates.append(SetPending(target.record.sub_id, seq, attempt))
+            self._distribute(group, sorted(pending.items()), Reason.RESTART)
             group.last_sent = max(group.last_sent, record.last_sent)
             self._updates.append(DeleteSubscription(record.sub_id))
             return
