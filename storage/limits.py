@@ -20,6 +20,7 @@ class ChannelLimits:
     max_msgs: int = 0
     max_bytes: int = 0
     max_age_s: float = 0.0
+    max_inactivity_s: float = 0.0  # enforced by the delivery engine: idle channels are deleted
 
     @property
     def max_age_ns(self) -> int:
@@ -30,7 +31,7 @@ DEFAULT_CHANNEL_LIMITS = ChannelLimits(max_msgs=1_000_000, max_bytes=1_000_000 *
 
 
 def _check_global(instance: StoreLimits, attribute: attrs.Attribute[ChannelLimits], value: ChannelLimits) -> None:
-    for name in ("max_msgs", "max_bytes", "max_age_s"):
+    for name in ("max_msgs", "max_bytes", "max_age_s", "max_inactivity_s"):
         if getattr(value, name) < 0:
             raise ValueError(f"global limit {name} must be >= 0 (0 = unlimited), got {getattr(value, name)}")
 
@@ -97,7 +98,10 @@ def _resolve(limits: StoreLimits, name: str) -> ChannelLimits:
         return 0
 
     return ChannelLimits(
-        max_msgs=int(pick("max_msgs")), max_bytes=int(pick("max_bytes")), max_age_s=float(pick("max_age_s"))
+        max_msgs=int(pick("max_msgs")),
+        max_bytes=int(pick("max_bytes")),
+        max_age_s=float(pick("max_age_s")),
+        max_inactivity_s=float(pick("max_inactivity_s")),
     )
 
 

@@ -110,6 +110,11 @@ class EngineRuntime:
                 self._nursery = nursery
                 nursery.start_soon(self._flusher)
                 nursery.start_soon(self._expiry_worker)
+                limits = self.store.limits
+                if limits.channel.max_inactivity_s > 0 or any(
+                    c.max_inactivity_s > 0 for c in limits.per_channel.values()
+                ):
+                    nursery.start_soon(self._inactivity_task)
                 task_status.started()
                 self.sync()
                 await trio.sleep_forever()
@@ -233,6 +238,23 @@ class EngineRuntime:
             if timer is not None and timer.due == due:  # else a stale entry: re-armed since
                 timer.due = math.inf
                 self._expired[sub_id] = None
+
+    async def _inactivity_task(self) -> None:
+        """Deletes channels idle for their MaxInactivity. Publishes and departures move the deadlines,
+        so it looks again at least once a second (one scan of the channel list, not per message)."""
+        while True:
+            now = trio.current_time()
+            for name in self.engine.inactive_channels(now):
+                try:
+                    await self._call(partial(self.store.delete_channel, name))
+                except StoreError:
+                    log.exception("could not delete inactive channel %r", name)
+                    continue
+                self.engine.drop_channel(name)
+                log.info("deleted channel %r after its MaxInactivity", name)
+            self.sync()
+            due = self.engine.next_inactivity_check(trio.current_time())
+            await trio.sleep_until(min(due if due is not None else math.inf, trio.current_time() + 1.0))
 
     # -- store writes ----------------------------------------------------------------------------
 

@@ -151,6 +151,7 @@ class Engine:
         self._recent: dict[str, tuple[int, Sequence[Message]]] = {}  # channel -> just-appended messages
         self._cache: dict[tuple[str, int], Message] = {}  # recently redelivered messages
         self._last_seq: dict[str, int] = {}  # channel -> last stored sequence (kept by on_appended)
+        self._idle_since: dict[str, float] = {}  # channel -> last publish, or when its last active sub left
         self._deliveries: list[Delivery] = []
         self._updates: list[SubUpdate] = []
         self._dead: list[DeadLetter] = []
@@ -416,6 +417,7 @@ class Engine:
 
     def _leave(self, sub: _Sub, now: float, *, keep_durable: bool) -> None:
         record = sub.record
+        self._idle_since[record.channel] = now  # the inactivity clock counts from the last one leaving
         self._by_ack_inbox.pop(record.ack_inbox, None)
         client = self._clients.get(record.client_id)
         if client is not None:
@@ -524,6 +526,7 @@ class Engine:
 
     def on_appended(self, channel: str, now: float, messages: Sequence[Message] = ()) -> None:
         """New messages were committed to `channel` (pass them to spare the store a read)."""
+        self._idle_since[channel] = now
         info = self.store.channel_info(channel)
         if info is not None:
             self._last_seq[channel] = info.last_seq
@@ -555,6 +558,52 @@ class Engine:
     def _forget(self, sub: _Sub, seq: int) -> None:
         sub.pending.remove(seq)
         self._updates.append(ClearPending(sub.record.sub_id, seq))
+
+    # -- channel inactivity (MaxInactivity) ------------------------------------------------------
+
+    def _active_subs(self, channel: str) -> bool:
+        return bool(self._plain.get(channel)) or any(g.members for g in self._groups.get(channel, {}).values())
+
+    def inactive_channels(self, now: float) -> list[str]:
+        """Channels idle for their MaxInactivity: no active subscription (offline durables and empty
+        durable groups do not count) and no publish for that long. The caller deletes each one from
+        the store and then calls `drop_channel`."""
+        idle = []
+        for info in self.store.channels():
+            limit = self.store.limits.for_channel(info.name).max_inactivity_s
+            if limit <= 0 or self._active_subs(info.name):
+                continue
+            since = self._idle_since.setdefault(info.name, now)
+            if now - since >= limit:
+                idle.append(info.name)
+        return idle
+
+    def next_inactivity_check(self, now: float) -> float | None:
+        """When the next channel could become idle enough to delete (None: no channel has the limit)."""
+        soonest: float | None = None
+        for info in self.store.channels():
+            limit = self.store.limits.for_channel(info.name).max_inactivity_s
+            if limit <= 0 or self._active_subs(info.name):
+                continue
+            due = self._idle_since.setdefault(info.name, now) + limit
+            soonest = due if soonest is None else min(soonest, due)
+        return soonest
+
+    def drop_channel(self, channel: str) -> None:
+        """Forget a deleted channel and everything on it (offline durables, empty durable groups)."""
+        for sub in [s for s in self._subs.values() if s.record.channel == channel]:
+            record = sub.record
+            del self._subs[record.sub_id]
+            self._by_ack_inbox.pop(record.ack_inbox, None)
+            self._durables.pop((record.client_id, record.channel, record.durable_name), None)
+            client = self._clients.get(record.client_id)
+            if client is not None:
+                client.subs.discard(record.sub_id)
+            self._timers.add(record.sub_id)
+            self._emit_if(SubscriptionRemoved(sub.ref))
+        for table in (self._plain, self._groups, self._per_channel, self._last_seq, self._idle_since, self._recent):
+            table.pop(channel, None)
+        self._cache.clear()
 
     # -- delivery ------------------------------------------------------------------------------
 

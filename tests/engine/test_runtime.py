@@ -214,3 +214,27 @@ async def test_a_fan_out_wave_is_handled_without_waking_every_timer(autojump_clo
         assert w.runtime.statistics().timer_fires == 0
         assert w.runtime.statistics().timer_tasks == len(subs)
         nursery.cancel_scope.cancel()
+
+
+async def test_idle_channels_are_deleted_after_max_inactivity(autojump_clock: trio.testing.MockClock) -> None:
+    from storage import ChannelLimits, StoreLimits
+
+    w = World()
+    w.store = MemoryStore(limits=StoreLimits(per_channel={"foo": ChannelLimits(max_inactivity_s=30)}))
+    w.store.register_client(ClientRecord("c", "_HB"))
+    w.engine = Engine(w.store)
+    w.engine.add_client("c")
+    w.runtime = EngineRuntime(w.engine, w._deliver)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.runtime.run)
+        sub = w.subscribe()
+        w.publish(3)
+        await trio.sleep(100)
+        assert w.store.channel_info("foo") is not None, "an active subscription keeps it"
+        w.engine.unsubscribe(sub, trio.current_time())
+        w.runtime.sync()
+        await trio.sleep(29)
+        assert w.store.channel_info("foo") is not None
+        await trio.sleep(2)
+        assert w.store.channel_info("foo") is None, "deleted 30 s after the last subscription left"
+        nursery.cancel_scope.cancel()

@@ -585,3 +585,34 @@ def test_due_redeliveries_hold_new_messages_while_heartbeats_fail() -> None:
     h.engine.set_heartbeat_failed("c", False, h.now)
     h.collect()
     assert h.take(dur) == [(1, 2, RESUME), (2, 1, NEW)]
+
+
+def test_40_max_inactivity() -> None:
+    """TestMaxInactivity / TestMaxInactivityOnConnectionClose: idle channels without active
+    subscriptions are deleted; offline durables do not keep them alive; publishes push it back."""
+    h = Harness(limits=StoreLimits(channel=ChannelLimits(max_inactivity_s=10)))
+    h.client()
+    h.client("other")
+    active = h.subscribe("busy")
+    h.subscribe("quiet", durable="d")
+    h.engine.close_subscription(h.subscribe("quiet2"), h.now)
+    h.publish("quiet", b"x")
+    h.engine.close_subscription(h.subscribe("quiet", durable="d2", client="other"), h.now)
+    h.drop_client("c")  # connection close: "busy" and the durable on "quiet" lose their last active sub
+    assert h.engine.inactive_channels(h.now) == []
+    h.tick_to(h.now + 5)
+    h.publish("quiet", b"y")  # a publish pushes the deadline back
+    h.tick_to(h.now + 6)
+    assert h.engine.inactive_channels(h.now) == ["busy", "quiet2"]
+    h.tick_to(h.now + 4)
+    assert sorted(h.engine.inactive_channels(h.now)) == ["busy", "quiet", "quiet2"]
+    for name in h.engine.inactive_channels(h.now):
+        h.store.delete_channel(name)
+        h.engine.drop_channel(name)
+    assert h.store.channels() == []
+    assert h.engine.subscriptions() == [], "the offline durables went with their channel"
+    h.client()
+    again = h.subscribe("quiet", durable="d", start=StartPosition.FIRST)
+    h.publish("quiet", b"new")
+    assert h.take(again) == [(1, 1, NEW)], "a re-created channel starts at sequence 1"
+    assert active not in h.engine.subscriptions()
