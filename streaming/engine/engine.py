@@ -9,7 +9,9 @@ what the outside must do. The Trio runtime (streaming/runtime.py) or a test drai
 - `take_dead_letters()`: messages past MaxDeliver, to publish (before applying the updates);
 - `take_timer_changes()`: subscriptions whose next deadline may have moved (or that are gone).
 
-It reads messages from the store (cheap, in-process) but never writes to it. Behaviour is NATS
+It reads messages from the store (cheap, in-process) and writes nothing to it except through
+`ensure_channel` when a subscription names a channel that does not exist yet (a server should create
+the channel first, off the event loop, as it must for a publish anyway). Behaviour is NATS
 Streaming's by default (spec §3.5-3.11); the opt-in options in `SubOptions` (MaxDeliver with a
 dead-letter channel, backoff, MaxInflight applied to redeliveries) and ack-progress change it only for
 subscriptions that ask.
