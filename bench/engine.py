@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import shutil
@@ -38,12 +37,12 @@ from typing import Any
 
 import trio
 from rich.console import Console
-from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 # Run as a script, bench/ is first on sys.path and bench/storage.py would shadow the `storage` package.
 sys.path.insert(0, str(ROOT))
 
+from bench.report import print_report  # noqa: E402
 from storage import ClientRecord, LmdbStore, MemoryStore, Message, NewMessage, Store  # noqa: E402
 from streaming.engine import Delivery, Engine, SubscribeRequest  # noqa: E402
 from streaming.runtime import EngineRuntime, tune_gc  # noqa: E402
@@ -227,25 +226,20 @@ def main() -> int:
         "bytes_per_pending": round(per_pending, 1),
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}",
     }
-    table = Table(title=f"engine benchmark ({result['scale']})")
-    for column in ("figure", "value", "target"):
-        table.add_column(column, justify="right" if column != "figure" else "left")
-    table.add_row("deliver+ack/s, 1 subscription (memory store)", f"{one:,.0f}", ">= 300,000")
-    table.add_row("deliver+ack/s, 1000 subscriptions (memory store)", f"{many:,.0f}", ">= 300,000")
-    table.add_row("deliver+ack/s, 1 subscription (LMDB store)", f"{one_lmdb:,.0f}", "")
-    table.add_row("deliver+ack/s, 1000 subscriptions (LMDB store)", f"{many_lmdb:,.0f}", "")
-    table.add_row(
-        "redelivery lateness p99 / max (ms), stream", f"{spread['p99_ms']:.2f} / {spread['max_ms']:.2f}", "<= 20"
-    )
-    table.add_row("max loop stall (ms), stream", f"{spread['stall_ms']:.2f}", "<= 20")
-    table.add_row(
-        "redelivery lateness p50 / p99 (ms), burst", f"{burst['p50_ms']:.1f} / {burst['p99_ms']:.1f}", "(worst case)"
-    )
-    table.add_row("max loop stall (ms), burst", f"{burst['stall_ms']:.2f}", "<= 20")
-    table.add_row("bytes per pending message", f"{per_pending:.1f}", "<= 150")
-    console.print(table)
-    if args.json:
-        print(json.dumps(result))
+    spread_lateness = f"{spread['p99_ms']:.2f} / {spread['max_ms']:.2f}"
+    burst_lateness = f"{burst['p50_ms']:.1f} / {burst['p99_ms']:.1f}"
+    rows = [
+        ("deliver+ack/s, 1 subscription (memory store)", f"{one:,.0f}", ">= 300,000"),
+        ("deliver+ack/s, 1000 subscriptions (memory store)", f"{many:,.0f}", ">= 300,000"),
+        ("deliver+ack/s, 1 subscription (LMDB store)", f"{one_lmdb:,.0f}", ""),
+        ("deliver+ack/s, 1000 subscriptions (LMDB store)", f"{many_lmdb:,.0f}", ""),
+        ("redelivery lateness p99 / max (ms), stream", spread_lateness, "<= 20"),
+        ("max loop stall (ms), stream", f"{spread['stall_ms']:.2f}", "<= 20"),
+        ("redelivery lateness p50 / p99 (ms), burst", burst_lateness, "(worst case)"),
+        ("max loop stall (ms), burst", f"{burst['stall_ms']:.2f}", "<= 20"),
+        ("bytes per pending message", f"{per_pending:.1f}", "<= 150"),
+    ]
+    print_report(console, f"engine benchmark ({result['scale']})", rows, result, args.json)
     return 0
 
 

@@ -30,12 +30,12 @@ from typing import Any
 import lmdb
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 # Run as a script, bench/ is first on sys.path and this file would shadow the `storage` package.
 sys.path.insert(0, str(ROOT))
 
+from bench.report import print_report  # noqa: E402
 from storage import LmdbStore, NewMessage, SaveSubscription, SetPending, SubscriptionRecord  # noqa: E402
 
 PAYLOAD = os.urandom(128)
@@ -171,19 +171,16 @@ def main() -> int:
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}",
     }
 
-    table = Table(title=f"storage benchmark ({scale}: {rec['messages']:,} messages, {rec['pending']:,} pending)")
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    table.add_column("target", justify="right")
-    table.add_row("append, 1000 per batch (msgs/s)", f"{batch1000:,.0f}", ">= 300,000")
-    table.add_row("raw py-lmdb, same batches (msgs/s)", f"{raw:,.0f}", "peer")
-    table.add_row("append, 1 per batch (msgs/s)", f"{batch1:,.0f}", "")
-    table.add_row("recovery (s)", f"{rec['recover_s']:.3f}", "<= 2")
-    table.add_row("RSS after recovery (MB)", f"{rss_mb:.1f}", f"<= {budget_mb:.1f}")
-    table.add_row("recovered state per pending entry (B)", f"{result['bytes_per_pending']}", "")
-    console.print(table)
-    if args.json:
-        print(json.dumps(result))
+    rows = [
+        ("append, 1000 per batch (msgs/s)", f"{batch1000:,.0f}", ">= 300,000"),
+        ("raw py-lmdb, same batches (msgs/s)", f"{raw:,.0f}", "peer"),
+        ("append, 1 per batch (msgs/s)", f"{batch1:,.0f}", ""),
+        ("recovery (s)", f"{rec['recover_s']:.3f}", "<= 2"),
+        ("RSS after recovery (MB)", f"{rss_mb:.1f}", f"<= {budget_mb:.1f}"),
+        ("recovered state per pending entry (B)", f"{result['bytes_per_pending']}", ""),
+    ]
+    title = f"storage benchmark ({scale}: {rec['messages']:,} messages, {rec['pending']:,} pending)"
+    print_report(console, title, rows, result, args.json)
     return 0
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from storage.base import SCHEMA_VERSION, Store, StoreStatistics, now_or
-from storage.codec import MSG_HEADER_SIZE, encode_reply
+from storage.codec import encode_reply, message_size
 from storage.limits import StoreLimits, plan_eviction
 from storage.records import (
     AppendResult,
@@ -85,7 +85,7 @@ class MemoryStore(Store):
             name = msg.channel
             seq, ts = next_seq[name], stamps[name]
             next_seq[name] = seq + 1
-            size = MSG_HEADER_SIZE + len(reply) + len(msg.data)
+            size = message_size(reply, msg.data)
             self._messages[infos[name].channel_id][seq] = _Stored(ts, msg.reply, msg.data, size)
             added[name] += size
             assigned.append((seq, ts))

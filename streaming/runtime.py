@@ -192,10 +192,16 @@ class EngineRuntime:
                     await trio.sleep_forever()
                 timer.wake = None
                 self._timer_fires += 1
-                # The expiry worker does the work and re-arms this timer (through sync()).
-                timer.deadline = timer.due = math.inf
-                self._expired[sub_id] = None
+                self._queue(sub_id, timer)
                 self._expiry_work.set()
+
+    def _queue(self, sub_id: int, timer: _Timer) -> None:
+        """Hand a due subscription to the expiry worker and disarm its timer; the worker re-arms it
+        (through sync()) once it has handled what was due."""
+        timer.deadline = timer.due = math.inf
+        if timer.wake is not None:
+            timer.wake.deadline = math.inf
+        self._expired[sub_id] = None
 
     async def _expiry_worker(self) -> None:
         """Handles expired subscriptions `scan_limit` messages at a time, yielding in between.
@@ -236,8 +242,7 @@ class EngineRuntime:
             due, sub_id = heapq.heappop(heap)
             timer = self._timers.get(sub_id)
             if timer is not None and timer.due == due:  # else a stale entry: re-armed since
-                timer.due = math.inf
-                self._expired[sub_id] = None
+                self._queue(sub_id, timer)
 
     async def _inactivity_task(self) -> None:
         """Deletes channels idle for their MaxInactivity. Publishes and departures move the deadlines,
@@ -296,12 +301,9 @@ class EngineRuntime:
             return
         result = await self._call(partial(self.store.append, messages))
         now = trio.current_time()
-        appended: dict[str, list[int]] = {}
-        for message, (seq, _) in zip(messages, result.assigned, strict=True):
-            appended.setdefault(message.channel, []).append(seq)
         for channel, dropped in result.dropped.items():
             self.engine.on_dropped(channel, dropped)
-        for channel in appended:
+        for channel in {m.channel for m in messages}:
             self.engine.on_appended(channel, now)
         self.sync()
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import attrs
 
@@ -148,7 +148,7 @@ class Engine:
         self._plain: dict[str, dict[int, _Sub]] = {}  # channel -> online non-queue subscriptions
         self._groups: dict[str, dict[str, _Group]] = {}  # channel -> group key -> group
         self._durables: dict[tuple[str, str, str], _Sub] = {}  # (client, channel, durable name)
-        self._per_channel: dict[str, int] = {}  # subscriptions counted against max_subs
+        self._by_channel: dict[str, dict[int, _Sub]] = {}  # every subscription, online or not (max_subs)
         self._clients: dict[str, _Client] = {}
         self._recent: dict[str, tuple[int, Sequence[Message]]] = {}  # channel -> just-appended messages
         self._cache: dict[tuple[str, int], Message] = {}  # recently redelivered messages
@@ -307,7 +307,7 @@ class Engine:
 
     def _check_room(self, channel: str) -> None:
         max_subs = self.store.limits.max_subs
-        if max_subs > 0 and self._per_channel.get(channel, 0) >= max_subs:
+        if max_subs > 0 and len(self._by_channel.get(channel, ())) >= max_subs:
             raise RequestError(errors.TOO_MANY_SUBS)
 
     def _new_sub(self, request: SubscribeRequest, last_sent: int, group: _Group | None) -> _Sub:
@@ -329,8 +329,7 @@ class Engine:
             options=request.options,
         )
         sub = _Sub(record, group, online=True)
-        self._subs[record.sub_id] = sub
-        self._per_channel[request.channel] = self._per_channel.get(request.channel, 0) + 1
+        self._add(sub)
         self._emit_if(SubscriptionCreated(sub.ref, resumed=False))
         return sub
 
@@ -447,6 +446,10 @@ class Engine:
             del self._groups[record.channel][group.name]
             self._delete(sub)
 
+    def _add(self, sub: _Sub) -> None:
+        self._subs[sub.record.sub_id] = sub
+        self._by_channel.setdefault(sub.record.channel, {})[sub.record.sub_id] = sub
+
     def _go_offline(self, sub: _Sub) -> None:
         sub.online = False
         sub.record = attrs.evolve(sub.record, is_closed=True)
@@ -456,7 +459,7 @@ class Engine:
     def _delete(self, sub: _Sub) -> None:
         record = sub.record
         del self._subs[record.sub_id]
-        self._per_channel[record.channel] -= 1
+        del self._by_channel[record.channel][record.sub_id]
         if record.is_durable and record.queue_group == "":
             self._durables.pop((record.client_id, record.channel, record.durable_name), None)
         self._updates.append(DeleteSubscription(record.sub_id))
@@ -475,10 +478,14 @@ class Engine:
         """Hand (seq, attempt) pairs round-robin to the group's members, due at once and persisted."""
         targets = group.members
         for i, (seq, attempt) in enumerate(messages):
-            target = targets[i % len(targets)]
-            target.pending.add_due(seq, attempt, reason)
-            self._updates.append(SetPending(target.record.sub_id, seq, attempt))
-            self._timers.add(target.record.sub_id)
+            self._give(targets[i % len(targets)], seq, attempt, reason)
+
+    def _give(self, target: _Sub, seq: int, attempt: int, reason: Reason) -> None:
+        """Make `seq` pending on `target`, due at once. Persisted now: the target may not be able to
+        send it yet (full, or failing heartbeats), and a restart must still find it there."""
+        target.pending.add_due(seq, attempt, reason)
+        self._updates.append(SetPending(target.record.sub_id, seq, attempt))
+        self._timers.add(target.record.sub_id)
 
     # -- acks ----------------------------------------------------------------------------------
 
@@ -546,7 +553,7 @@ class Engine:
     def on_dropped(self, channel: str, dropped: range) -> None:
         """Messages evicted by limits leave every pending set and are never redelivered."""
         self._cache.clear()
-        for sub in [s for s in self._subs.values() if s.record.channel == channel]:
+        for sub in self._by_channel.get(channel, {}).values():
             if len(dropped) <= len(sub.pending):
                 gone = [seq for seq in dropped if seq in sub.pending]
             else:
@@ -566,34 +573,26 @@ class Engine:
     def _active_subs(self, channel: str) -> bool:
         return bool(self._plain.get(channel)) or any(g.members for g in self._groups.get(channel, {}).values())
 
+    def _idle_deadlines(self, now: float) -> Iterator[tuple[str, float]]:
+        """(channel, when it may be deleted) for channels with a MaxInactivity and no active subscription."""
+        for info in self.store.channels():
+            limit = self.store.limits.for_channel(info.name).max_inactivity_s
+            if limit > 0 and not self._active_subs(info.name):
+                yield info.name, self._idle_since.setdefault(info.name, now) + limit
+
     def inactive_channels(self, now: float) -> list[str]:
         """Channels idle for their MaxInactivity: no active subscription (offline durables and empty
         durable groups do not count) and no publish for that long. The caller deletes each one from
         the store and then calls `drop_channel`."""
-        idle = []
-        for info in self.store.channels():
-            limit = self.store.limits.for_channel(info.name).max_inactivity_s
-            if limit <= 0 or self._active_subs(info.name):
-                continue
-            since = self._idle_since.setdefault(info.name, now)
-            if now - since >= limit:
-                idle.append(info.name)
-        return idle
+        return [name for name, due in self._idle_deadlines(now) if now >= due]
 
     def next_inactivity_check(self, now: float) -> float | None:
         """When the next channel could become idle enough to delete (None: no channel has the limit)."""
-        soonest: float | None = None
-        for info in self.store.channels():
-            limit = self.store.limits.for_channel(info.name).max_inactivity_s
-            if limit <= 0 or self._active_subs(info.name):
-                continue
-            due = self._idle_since.setdefault(info.name, now) + limit
-            soonest = due if soonest is None else min(soonest, due)
-        return soonest
+        return min((due for _, due in self._idle_deadlines(now)), default=None)
 
     def drop_channel(self, channel: str) -> None:
         """Forget a deleted channel and everything on it (offline durables, empty durable groups)."""
-        for sub in [s for s in self._subs.values() if s.record.channel == channel]:
+        for sub in self._by_channel.pop(channel, {}).values():
             record = sub.record
             del self._subs[record.sub_id]
             self._by_ack_inbox.pop(record.ack_inbox, None)
@@ -603,7 +602,7 @@ class Engine:
                 client.subs.discard(record.sub_id)
             self._timers.add(record.sub_id)
             self._emit_if(SubscriptionRemoved(sub.ref))
-        for table in (self._plain, self._groups, self._per_channel, self._last_seq, self._idle_since, self._recent):
+        for table in (self._plain, self._groups, self._last_seq, self._idle_since, self._recent):
             table.pop(channel, None)
         self._cache.clear()
 
@@ -670,8 +669,10 @@ class Engine:
                 self._drain_due(each, now)
             if each.pending.due_count and not self._hb_failed(each):
                 blocked = True  # its redeliveries still wait for room: new messages wait too
+        if blocked or group.last_sent >= self._channel_last(group.channel):
+            return  # the common case after an ack: nothing new (no store lookup)
         info = self.store.channel_info(group.channel)
-        if blocked or info is None or group.last_sent >= info.last_seq:
+        if info is None:
             return
         receivers: dict[int, _Sub] = {}
         member: _Sub | None
@@ -813,10 +814,7 @@ class Engine:
             if target is not None and target is not sub:
                 attempt = sub.pending.attempt(seq)
                 self._forget(sub, seq)
-                target.pending.add_due(seq, attempt, Reason.ACK_TIMEOUT)
-                # Persisted now: the target may not be able to send it yet (full, or failing heartbeats).
-                self._updates.append(SetPending(target.record.sub_id, seq, attempt))
-                self._timers.add(target.record.sub_id)
+                self._give(target, seq, attempt, Reason.ACK_TIMEOUT)
         self._pump_group(group, now)
         return len(expired)
 
@@ -906,8 +904,7 @@ class Engine:
         sub = _Sub(record, group, online)
         for seq in sorted(pending):
             sub.pending.add_due(seq, pending[seq], Reason.RESTART)
-        self._subs[record.sub_id] = sub
-        self._per_channel[record.channel] = self._per_channel.get(record.channel, 0) + 1
+        self._add(sub)
         if record.is_durable and not record.queue_group:
             self._durables[(record.client_id, record.channel, record.durable_name)] = sub
         if group is not None:
