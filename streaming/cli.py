@@ -1,46 +1,212 @@
-"""Console entry points `streaming-server` and `streaming`.
+"""Console entry points: `streaming-server` (run the server) and `streaming` (pub/sub from a shell).
 
-Until the network front end lands (issue 4), `streaming-server` opens (or creates) the store in its
-data directory, reports what it recovered, and exits; that already checks the lock, the cluster ID
-and the schema version of an existing directory.
+Flags follow nats-streaming-server where users look for them (`-p`, `--cluster_id`, `--store`,
+`--dir`, `--max_msgs`, `-m/--http_port`, `-c/--config`, `-D/-V`); flags override the TOML file.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import signal
 import sys
+import time
+from typing import Any
 
-from storage import StoreError, open_store
+import trio
 
-DEFAULT_DATA_DIR = "streaming-data"
+from storage import StoreError
+from streaming.config import ConfigError, ServerConfig, load, merged, parse_duration, parse_size
+
+log = logging.getLogger("streaming")
+
+
+def _server_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="streaming-server",
+        description="A durable NATS Streaming (STAN) server on Trio and LMDB.",
+        epilog="Durations take units (30s, 1m, 24h); sizes take 1MB, 1GiB. Flags override the config file.",
+    )
+    add = parser.add_argument
+    add("-c", "--config", help="TOML configuration file")
+    add("-a", "--addr", "--net", dest="host", help="interface to listen on (default 0.0.0.0)")
+    add("-p", "--port", type=int, help="NATS client port (default 4222; 0 = any free port)")
+    add("-m", "--http_port", type=int, help="HTTP monitoring port (metrics; 0 = off)")
+    add("-cid", "--cluster_id", help="cluster ID (default test-cluster)")
+    add("-st", "--store", choices=["lmdb", "memory"], help="store type (default lmdb)")
+    add("--dir", help="data directory for the lmdb store (default ./streaming-data)")
+    add("-mc", "--max_channels", type=int, help="max number of channels (default 100, 0 = unlimited)")
+    add("-msu", "--max_subs", type=int, help="max subscriptions per channel (default 1000, 0 = unlimited)")
+    add("-mm", "--max_msgs", type=int, help="max messages per channel (default 1000000, 0 = unlimited)")
+    add("-mb", "--max_bytes", type=parse_size, help="max bytes per channel (default 1024000000, 0 = unlimited)")
+    add("-ma", "--max_age", type=parse_duration, help="max message age (default 0 = unlimited)")
+    add("--max_inactivity", type=parse_duration, help="delete channels idle this long (default 0 = never)")
+    add("-hbi", "--hb_interval", type=parse_duration, help="interval between server heartbeats (default 30s)")
+    add("-hbt", "--hb_timeout", type=parse_duration, help="wait for a heartbeat answer (default 10s)")
+    add("-hbf", "--hb_fail_count", type=int, help="failed heartbeats before a client is closed (default 10)")
+    add("--max_payload", type=parse_size, help="largest message accepted (default 1MB)")
+    add(
+        "--ack_wait_ms",
+        action="store_true",
+        default=None,
+        help="TEST ONLY: read a negative AckWait from clients as milliseconds",
+    )
+    add("-D", "--debug", action="store_true", help="debug logging")
+    add("-V", "--trace", action="store_true", help="trace logging (as debug, plus protocol detail)")
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    skip = {"config", "debug", "trace"}
+    return {k: v for k, v in vars(args).items() if k not in skip and v is not None}
 
 
 def server_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="streaming-server", description=__doc__)
-    parser.add_argument("--cluster_id", default="test-cluster", help="cluster ID (default %(default)s)")
-    parser.add_argument("--store", choices=["lmdb", "memory"], default="lmdb", help="store type (default %(default)s)")
-    parser.add_argument("--dir", default=DEFAULT_DATA_DIR, help="data directory (default ./%(default)s)")
-    args = parser.parse_args(argv)
+    args = _server_parser().parse_args(argv)
+    overrides = _overrides(args)
     try:
-        store = open_store(args.store, args.dir, args.cluster_id)
-    except StoreError as exc:
-        print(f"streaming-server: {exc}", file=sys.stderr)
-        return 1
-    with store:
-        state = store.recover()
-        pending = sum(len(s.pending) for s in state.subscriptions)
-        where = f"in {args.dir}" if args.store == "lmdb" else "in memory"
-        print(
-            f"store ready {where} (cluster {state.server.cluster_id!r}): {len(state.channels)} channels, "
-            f"{sum(c.msgs for c in state.channels)} messages, {len(state.subscriptions)} subscriptions, "
-            f"{pending} pending, {len(state.clients)} clients"
-        )
-    print("the network front end (NATS/STAN on port 4222) is not implemented yet (issue 4); exiting")
-    return 0
+        config = load(args.config, overrides) if args.config else merged({}, overrides)
+        config.store_limits()
+    except ConfigError as exc:
+        print(f"streaming-server: configuration error: {exc}", file=sys.stderr)
+        return 2
+    level = logging.DEBUG if args.debug or args.trace else getattr(logging, config.log_level.upper(), logging.INFO)
+    logging.basicConfig(level=level, format="%(asctime)s [%(levelname)s] %(name)s: %(message)s", stream=sys.stderr)
+    failed = False
+    try:
+        trio.run(_run_server, config)
+    except* (StoreError, OSError) as group:
+        for error in _leaves(group):
+            log.error("cannot start: %s", error)
+        failed = True
+    return 1 if failed else 0
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    return out
+
+
+async def _run_server(config: ServerConfig) -> None:
+    from streaming.server import serve
+
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            running = await nursery.start(serve, config)
+            where = f"in {config.dir}" if config.store == "lmdb" else "in memory (nothing survives a restart)"
+            log.info("store: %s %s", config.store, where)
+            # Tests and scripts wait for this exact line (nats-server prints the same).
+            log.info("Listening for client connections on %s:%d", config.host, running.port)
+            async for signum in signals:
+                log.info("received %s: shutting down", signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                break
+    log.info("server stopped")
+
+
+# -- the `streaming` client command ----------------------------------------------------------------
+
+
+def _client_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="streaming", description="Publish to and subscribe on a STAN server.")
+    parser.add_argument("-s", "--server", default="127.0.0.1:4222", help="host:port (default %(default)s)")
+    parser.add_argument("-c", "--cluster_id", default="test-cluster", help="cluster ID (default %(default)s)")
+    parser.add_argument("-id", "--client_id", default="", help="client ID (default: a random one)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    pub = commands.add_parser("pub", help="publish messages and wait for each PubAck")
+    pub.add_argument("channel")
+    pub.add_argument("message", nargs="*", help="messages (default: one per line of standard input)")
+    sub = commands.add_parser("sub", help="print messages as they arrive: seq, redelivered, attempt, data")
+    sub.add_argument("channel")
+    sub.add_argument("--durable", default="", help="durable name")
+    sub.add_argument("--queue", "--qgroup", dest="queue", default="", help="queue group")
+    sub.add_argument("--ack_wait", type=parse_duration, default=30.0, help="AckWait (default 30s)")
+    sub.add_argument("--max_inflight", type=int, default=1024, help="MaxInflight (default 1024)")
+    start = sub.add_mutually_exclusive_group()
+    start.add_argument("--all", action="store_true", help="start with the first stored message")
+    start.add_argument("--last", action="store_true", help="start with the last stored message")
+    start.add_argument("--seq", type=int, help="start at this sequence")
+    start.add_argument("--since", type=parse_duration, help="start with messages from this long ago (e.g. 1m)")
+    sub.add_argument("--manual_ack", action="store_true", help="ack explicitly (see --no_ack)")
+    sub.add_argument("--no_ack", action="store_true", help="with --manual_ack: never ack (watch redeliveries)")
+    sub.add_argument("--count", type=int, default=0, help="exit after this many messages (default: run forever)")
+    sub.add_argument("--unsubscribe", action="store_true", help="unsubscribe on exit (default: close)")
+    return parser
 
 
 def client_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="streaming", description="publish and subscribe from the shell")
-    parser.parse_args(argv)
-    print("streaming: the pub and sub commands arrive with the network front end (issue 4)", file=sys.stderr)
-    return 2
+    args = _client_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    host, _, port = args.server.rpartition(":")
+    if not host or not port.isdigit():
+        print(f"streaming: --server must be host:port, got {args.server!r}", file=sys.stderr)
+        return 2
+    args.client_id = args.client_id or f"streaming-cli-{int(time.time() * 1000) % 10**9}"
+    from streaming.client import StanError
+
+    try:
+        return trio.run(_pub if args.command == "pub" else _sub, args, host, int(port))
+    except StanError as exc:
+        print(f"streaming: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"streaming: cannot connect to {args.server}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _pub(args: argparse.Namespace, host: str, port: int) -> int:
+    from streaming.client import connect
+
+    messages = args.message or [line.rstrip("\n") for line in sys.stdin]
+    async with connect(args.cluster_id, args.client_id, host=host, port=port, max_reconnect_attempts=3) as sc:
+        for text in messages:
+            guid = await sc.publish(args.channel, text.encode())
+            print(f"published {text!r} to {args.channel!r} (guid {guid})")
+    return 0
+
+
+async def _sub(args: argparse.Namespace, host: str, port: int) -> int:
+    from streaming.client import StartPosition, connect
+
+    start, seq, delta = StartPosition.NEW_ONLY, 0, 0.0
+    if args.all:
+        start = StartPosition.FIRST
+    elif args.last:
+        start = StartPosition.LAST_RECEIVED
+    elif args.seq is not None:
+        start, seq = StartPosition.SEQUENCE_START, args.seq
+    elif args.since is not None:
+        start, delta = StartPosition.TIME_DELTA_START, args.since
+    async with (
+        connect(args.cluster_id, args.client_id, host=host, port=port) as sc,
+        sc.subscribe(
+            args.channel,
+            queue=args.queue,
+            durable=args.durable,
+            ack_wait=args.ack_wait,
+            max_inflight=args.max_inflight,
+            start_at=start,
+            start_sequence=seq,
+            start_time_delta_s=delta,
+            manual_ack=args.manual_ack,
+            close_on_exit=not args.unsubscribe,
+        ) as sub,
+    ):
+        print(f"listening on {args.channel!r} as {args.client_id!r}", file=sys.stderr, flush=True)
+        received = 0
+        async for msg in sub:
+            print(
+                f"[#{msg.seq}] redelivered={str(msg.redelivered).lower()} attempt={msg.attempt}: "
+                f"{msg.data.decode(errors='replace')}",
+                flush=True,
+            )
+            if args.manual_ack and not args.no_ack:
+                msg.ack()
+            received += 1
+            if args.count and received >= args.count:
+                break
+    return 0

@@ -99,6 +99,7 @@ class EngineRuntime:
         self._deadlines: list[tuple[float, int]] = []  # (due, sub id) heap; stale entries skipped
         self._sweep_wake: trio.CancelScope | None = None
         self._grace = grace
+        self.deleting: set[str] = set()  # channels being deleted for MaxInactivity (publishes refused)
         self._expiry_passes = 0
         self._timer_fires = 0
         self._longest_chunk = 0.0
@@ -250,11 +251,14 @@ class EngineRuntime:
         while True:
             now = trio.current_time()
             for name in self.engine.inactive_channels(now):
+                self.deleting.add(name)
                 try:
                     await self._call(partial(self.store.delete_channel, name))
                 except StoreError:
                     log.exception("could not delete inactive channel %r", name)
                     continue
+                finally:
+                    self.deleting.discard(name)
                 self.engine.drop_channel(name)
                 log.info("deleted channel %r after its MaxInactivity", name)
             self.sync()

@@ -1,0 +1,530 @@
+"""The Trio STAN client: connect, publish (awaited or pipelined), subscribe, ack, close.
+
+    async with streaming.client.connect("test-cluster", "me", port=4222) as sc:
+        await sc.publish("orders", b"...")
+        async with sc.subscribe("orders", durable="worker", manual_ack=True) as sub:
+            async for msg in sub:
+                ...
+                msg.ack()
+
+The STAN session outlives TCP drops: the NATS connection reconnects, subscriptions are re-sent, and
+publishes still waiting for their PubAck are published again with the same guid (at-least-once; a
+PubAck lost with the connection can mean a duplicate). Redelivered copies of messages the
+application already acknowledged, or that still wait in this client's queue, are dropped (and
+re-acknowledged, so the server stops sending them) instead of reaching the application.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import secrets
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Self, TypeVar
+
+import trio
+from google.protobuf.message import Message as ProtoMessage
+
+from streaming.client.dedup import AckFloor, RecentAcks
+from streaming.client.nats_conn import ConnectionClosedError, NatsConnection, NatsMsg, new_inbox
+from streaming.stan.pb import protocol_pb2 as pb
+
+log = logging.getLogger(__name__)
+R = TypeVar("R", bound=ProtoMessage)
+
+
+class StanError(Exception):
+    """The server refused a request; str() is its error text."""
+
+
+class StartPosition(enum.IntEnum):
+    NEW_ONLY = 0
+    LAST_RECEIVED = 1
+    TIME_DELTA_START = 2
+    SEQUENCE_START = 3
+    FIRST = 4
+
+
+class PubAckFuture:
+    """The PubAck of one pipelined publish."""
+
+    __slots__ = ("_done", "error", "guid", "payload", "subject")
+
+    def __init__(self, guid: str, subject: str, payload: bytes) -> None:
+        self.guid = guid
+        self.subject = subject
+        self.payload = payload
+        self.error: str | None = None
+        self._done = trio.Event()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def _resolve(self, error: str) -> None:
+        self.error = error
+        self._done.set()
+
+    async def wait(self) -> str:
+        """The guid once the server stored the message; raises StanError if it refused it."""
+        await self._done.wait()
+        if self.error:
+            raise StanError(self.error)
+        return self.guid
+
+
+class Msg:
+    __slots__ = ("_sub", "data", "redelivered", "redelivery_count", "reply", "seq", "subject", "timestamp_unix_ns")
+
+    def __init__(self, sub: Subscription, proto: pb.MsgProto) -> None:
+        self._sub = sub
+        self.seq: int = proto.sequence
+        self.subject: str = proto.subject
+        self.reply: str = proto.reply
+        self.data: bytes = proto.data
+        self.timestamp_unix_ns: int = proto.timestamp
+        self.redelivered: bool = proto.redelivered
+        self.redelivery_count: int = proto.redeliveryCount
+
+    @property
+    def attempt(self) -> int:
+        return self.redelivery_count + 1
+
+    def ack(self) -> None:
+        """Acknowledge (never blocks)."""
+        self._sub._ack(self.seq)
+
+    def in_progress(self) -> None:
+        """Ask for another AckWait without acknowledging (this server's extension; others ignore it)."""
+        self._sub._send_ack(self.seq, in_progress=True)
+
+    def __repr__(self) -> str:
+        return f"Msg(seq={self.seq}, subject={self.subject!r}, redelivered={self.redelivered}, data={self.data!r})"
+
+
+class Subscription:
+    def __init__(
+        self, client: StanClient, channel: str, queue: str, durable: str, manual_ack: bool, buffer: int
+    ) -> None:
+        self.client = client
+        self.channel = channel
+        self.queue = queue
+        self.durable = durable
+        self.manual_ack = manual_ack
+        self.inbox = new_inbox()
+        self.ack_inbox = ""
+        self.suppressed = 0  # redelivered copies not handed to the application
+        self._queue: deque[Msg] = deque()
+        self._queued: set[int] = set()
+        self._ready = trio.Event()
+        self._floor = AckFloor()
+        self._recent = RecentAcks()
+        self._sid = ""
+        self._last: Msg | None = None
+        self._closed = False
+        self._buffer = buffer
+
+    def _on_msg(self, raw: NatsMsg) -> None:
+        try:
+            proto = pb.MsgProto.FromString(raw.data)
+        except Exception:
+            log.warning("undecodable message on %s", raw.subject)
+            return
+        seq = proto.sequence
+        if proto.redelivered:
+            if self._is_acked(seq):
+                self.suppressed += 1
+                self._send_ack(seq)  # our earlier ack was lost: say it again
+                return
+            if seq in self._queued:
+                self.suppressed += 1  # a copy of one still waiting here: the application will get it once
+                return
+        if not self.queue:
+            self._floor.delivered(seq)
+        self._queue.append(Msg(self, proto))
+        self._queued.add(seq)
+        self._ready.set()
+
+    def _is_acked(self, seq: int) -> bool:
+        if self.queue:
+            return self._recent.is_acked(seq, time.monotonic())
+        return self._floor.is_acked(seq)
+
+    def _ack(self, seq: int) -> None:
+        if self.queue:
+            self._recent.acked(seq, time.monotonic())
+        else:
+            self._floor.acked(seq)
+        self._send_ack(seq)
+
+    def _send_ack(self, seq: int, *, in_progress: bool = False) -> None:
+        if self.ack_inbox and not self.client.nats.closed:
+            ack = pb.Ack(subject=self.channel, sequence=seq, inProgress=in_progress)
+            self.client.nats.publish(self.ack_inbox, ack.SerializeToString())
+
+    async def next_msg(self) -> Msg:
+        """The next message (bound the wait with `trio.fail_after`); in auto-ack mode the previous one
+        is acknowledged first."""
+        if self._last is not None and not self.manual_ack:
+            self._last.ack()
+            self._last = None
+        while not self._queue:
+            if self._closed or self.client.closed:
+                raise ConnectionClosedError("subscription closed")
+            await self._ready.wait()
+            self._ready = trio.Event()
+        msg = self._queue.popleft()
+        self._queued.discard(msg.seq)
+        self._last = msg
+        return msg
+
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Msg:
+        try:
+            return await self.next_msg()
+        except ConnectionClosedError:
+            raise StopAsyncIteration from None
+
+    async def unsubscribe(self) -> None:
+        """Remove the subscription (a durable is deleted)."""
+        await self._end(self.client.config_subjects.unsub)
+
+    async def close(self) -> None:
+        """Stop receiving; a durable (or durable queue group) keeps its position for later."""
+        await self._end(self.client.config_subjects.subclose)
+
+    async def _end(self, subject: str) -> None:
+        if self._closed:
+            return
+        if self._last is not None and not self.manual_ack:
+            self._last.ack()
+        self._closed = True
+        self._ready.set()
+        request = pb.UnsubscribeRequest(
+            clientID=self.client.client_id, subject=self.channel, inbox=self.ack_inbox, durableName=self.durable
+        )
+        try:
+            if not self.client.closed:
+                await self.client._request(subject, request.SerializeToString(), pb.SubscriptionResponse)
+        finally:
+            self.client.nats.unsubscribe(self._sid)
+            self.client._subs.discard(self)
+
+
+class _Subjects:
+    def __init__(self, response: pb.ConnectResponse) -> None:
+        self.pub = response.pubPrefix
+        self.sub = response.subRequests
+        self.unsub = response.unsubRequests
+        self.close = response.closeRequests
+        self.subclose = response.subCloseRequests
+        self.ping = response.pingRequests
+
+
+class StanClient:
+    def __init__(
+        self,
+        nats: NatsConnection,
+        cluster_id: str,
+        client_id: str,
+        *,
+        request_timeout_s: float,
+        max_pub_acks_inflight: int,
+        ping_interval_s: int,
+        ping_max_out: int,
+    ) -> None:
+        self.nats = nats
+        self.cluster_id = cluster_id
+        self.client_id = client_id
+        self.conn_id = secrets.token_hex(11).encode()
+        self.request_timeout_s = request_timeout_s
+        self.pub_ack_timeout_s = 30.0
+        self.ping_interval_s = ping_interval_s
+        self.ping_max_out = ping_max_out
+        self.closed = False
+        self.lost_reason = ""
+        self.config_subjects: _Subjects
+        self._ack_subject = "_STAN.acks." + secrets.token_hex(11)
+        self._pubs: dict[str, PubAckFuture] = {}  # guid -> waiting for its PubAck, in publish order
+        self._room = trio.Semaphore(max_pub_acks_inflight)
+        self._subs: set[Subscription] = set()
+        self._hb_inbox = new_inbox()
+        self._ping_inbox = new_inbox()
+        self._pings_out = 0
+
+    # -- session -------------------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        self.nats.subscribe(self._hb_inbox, self._on_heartbeat)
+        self.nats.subscribe(self._ping_inbox, self._on_ping_response)
+        self.nats.subscribe(self._ack_subject, self._on_pub_ack)
+        request = pb.ConnectRequest(
+            clientID=self.client_id,
+            heartbeatInbox=self._hb_inbox,
+            protocol=1,
+            connID=self.conn_id,
+            pingInterval=self.ping_interval_s,
+            pingMaxOut=self.ping_max_out,
+        )
+        discover = f"_STAN.discover.{self.cluster_id}"
+        try:
+            with trio.fail_after(self.request_timeout_s):
+                raw = await self.nats.request(discover, request.SerializeToString())
+        except trio.TooSlowError:
+            raise StanError("stan: connect request timeout (possibly wrong cluster ID?)") from None
+        response = pb.ConnectResponse.FromString(raw)
+        if response.error:
+            raise StanError(response.error)
+        self.config_subjects = _Subjects(response)
+
+    def _on_heartbeat(self, msg: NatsMsg) -> None:
+        if msg.reply:
+            self.nats.publish(msg.reply, b"")
+
+    def _on_ping_response(self, msg: NatsMsg) -> None:
+        if msg.data:
+            response = pb.PingResponse.FromString(msg.data)
+            if response.error:
+                self._lose(f"stan: connection lost: {response.error}")
+                return
+        self._pings_out = 0
+
+    def _lose(self, reason: str) -> None:
+        if not self.closed:
+            log.warning("%s", reason)
+            self.lost_reason = reason
+            self.closed = True
+            self._wake_all()
+
+    def _wake_all(self) -> None:
+        for sub in self._subs:
+            sub._ready.set()
+        for future in self._pubs.values():
+            if not future.done():
+                future._resolve(self.lost_reason or "stan: connection closed")
+
+    async def _pinger(self) -> None:
+        if not self.config_subjects.ping or self.ping_interval_s <= 0:
+            return
+        payload = pb.Ping(connID=self.conn_id).SerializeToString()
+        while not self.closed:
+            await trio.sleep(self.ping_interval_s)
+            self._pings_out += 1
+            if self._pings_out > self.ping_max_out:
+                self._lose("stan: connection lost due to PING failure")
+                return
+            if self.nats.connected:
+                self.nats.publish(self.config_subjects.ping, payload, reply=self._ping_inbox)
+
+    def _on_reconnect(self) -> None:
+        """A new TCP connection: subscriptions were re-sent; publish again what was not acknowledged."""
+        for future in list(self._pubs.values()):
+            self._send_pub(future)
+
+    async def close(self) -> None:
+        """Close the STAN session (durables keep their state), then the connection."""
+        if not self.closed:
+            self.closed = True
+            request = pb.CloseRequest(clientID=self.client_id)
+            try:
+                await self._request(self.config_subjects.close, request.SerializeToString(), pb.CloseResponse)
+            except (StanError, ConnectionClosedError) as exc:
+                log.info("close: %s", exc)
+            finally:
+                self._wake_all()
+        await self.nats.close()
+
+    async def _request(self, subject: str, payload: bytes, response_type: type[R]) -> R:
+        try:
+            with trio.fail_after(self.request_timeout_s):
+                raw = await self.nats.request(subject, payload)
+        except trio.TooSlowError:
+            raise StanError(f"stan: request timeout ({subject})") from None
+        response = response_type.FromString(raw)
+        if getattr(response, "error", ""):
+            raise StanError(getattr(response, "error", ""))
+        return response
+
+    # -- publishing ------------------------------------------------------------------------------
+
+    def _send_pub(self, future: PubAckFuture) -> None:
+        message = pb.PubMsg(
+            clientID=self.client_id, guid=future.guid, subject=future.subject, data=future.payload, connID=self.conn_id
+        )
+        self.nats.publish(
+            f"{self.config_subjects.pub}.{future.subject}", message.SerializeToString(), reply=self._ack_subject
+        )
+
+    async def publish_async(self, channel: str, data: bytes) -> PubAckFuture:
+        """Publish without waiting for the PubAck (waits only when too many are unacknowledged)."""
+        if self.closed:
+            raise ConnectionClosedError(self.lost_reason or "connection closed")
+        await self._room.acquire()
+        future = PubAckFuture(secrets.token_hex(11), channel, data)
+        self._pubs[future.guid] = future
+        self._send_pub(future)
+        return future
+
+    async def publish(self, channel: str, data: bytes) -> str:
+        """Publish and wait until the server has stored it; returns the guid."""
+        future = await self.publish_async(channel, data)
+        try:
+            with trio.fail_after(self.pub_ack_timeout_s):
+                return await future.wait()
+        except trio.TooSlowError:
+            raise StanError("stan: publish ack timeout") from None
+
+    def _on_pub_ack(self, msg: NatsMsg) -> None:
+        try:
+            ack = pb.PubAck.FromString(msg.data)
+        except Exception:
+            return
+        future = self._pubs.pop(ack.guid, None)
+        if future is not None:
+            future._resolve(ack.error)
+            self._room.release()
+
+    # -- subscribing -----------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def subscribe(
+        self,
+        channel: str,
+        *,
+        queue: str = "",
+        durable: str = "",
+        ack_wait: float = 30.0,
+        max_inflight: int = 1024,
+        start_at: StartPosition = StartPosition.NEW_ONLY,
+        start_sequence: int = 0,
+        start_time_delta_s: float = 0.0,
+        manual_ack: bool = False,
+        max_deliver: int = 0,
+        dead_letter_channel: str = "",
+        backoff_s: tuple[float, ...] = (),
+        max_inflight_redeliveries: bool = False,
+        close_on_exit: bool = False,
+    ) -> AsyncIterator[Subscription]:
+        """Subscribe; leaving the block unsubscribes (or closes, with close_on_exit, keeping a durable).
+
+        `ack_wait` is seconds; a fraction of a second is sent as negative milliseconds, which only a
+        server started with the test-only `ack_wait_ms` option accepts.
+        """
+        sub = await self.open_subscription(
+            channel,
+            queue=queue,
+            durable=durable,
+            ack_wait=ack_wait,
+            max_inflight=max_inflight,
+            start_at=start_at,
+            start_sequence=start_sequence,
+            start_time_delta_s=start_time_delta_s,
+            manual_ack=manual_ack,
+            max_deliver=max_deliver,
+            dead_letter_channel=dead_letter_channel,
+            backoff_s=backoff_s,
+            max_inflight_redeliveries=max_inflight_redeliveries,
+        )
+        try:
+            yield sub
+        finally:
+            if not self.closed and not sub._closed:
+                with trio.move_on_after(self.request_timeout_s, shield=True):
+                    await (sub.close() if close_on_exit else sub.unsubscribe())
+
+    async def open_subscription(
+        self,
+        channel: str,
+        *,
+        queue: str = "",
+        durable: str = "",
+        ack_wait: float = 30.0,
+        max_inflight: int = 1024,
+        start_at: StartPosition = StartPosition.NEW_ONLY,
+        start_sequence: int = 0,
+        start_time_delta_s: float = 0.0,
+        manual_ack: bool = False,
+        max_deliver: int = 0,
+        dead_letter_channel: str = "",
+        backoff_s: tuple[float, ...] = (),
+        max_inflight_redeliveries: bool = False,
+    ) -> Subscription:
+        """Subscribe without a context manager; call `unsubscribe()` or `close()` on the result."""
+        if self.closed:
+            raise ConnectionClosedError(self.lost_reason or "connection closed")
+        sub = Subscription(self, channel, queue, durable, manual_ack, max_inflight)
+        sub._sid = self.nats.subscribe(sub.inbox, sub._on_msg)
+        wait = int(ack_wait) if ack_wait == int(ack_wait) else -round(ack_wait * 1000)
+        request = pb.SubscriptionRequest(
+            clientID=self.client_id,
+            subject=channel,
+            qGroup=queue,
+            inbox=sub.inbox,
+            maxInFlight=max_inflight,
+            ackWaitInSecs=wait,
+            durableName=durable,
+            startPosition=pb.StartPosition.Name(int(start_at)),
+            startSequence=start_sequence,
+            startTimeDelta=int(start_time_delta_s * 1e9),
+            maxDeliver=max_deliver,
+            deadLetterChannel=dead_letter_channel,
+            backoffMs=[round(b * 1000) for b in backoff_s],
+            maxInflightRedeliveries=max_inflight_redeliveries,
+        )
+        try:
+            response = await self._request(
+                self.config_subjects.sub, request.SerializeToString(), pb.SubscriptionResponse
+            )
+        except BaseException:
+            self.nats.unsubscribe(sub._sid)
+            raise
+        sub.ack_inbox = response.ackInbox
+        self._subs.add(sub)
+        return sub
+
+
+@asynccontextmanager
+async def connect(
+    cluster_id: str,
+    client_id: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 4222,
+    request_timeout_s: float = 5.0,
+    max_pub_acks_inflight: int = 16384,
+    ping_interval_s: int = 5,
+    ping_max_out: int = 88,
+    reconnect_wait_s: float = 0.5,
+    max_reconnect_attempts: int = -1,
+) -> AsyncIterator[StanClient]:
+    """Open a STAN session; it is closed (STAN Close, then TCP) when the block ends."""
+    async with trio.open_nursery() as nursery:
+        nats = NatsConnection(
+            host, port, name=client_id, reconnect_wait_s=reconnect_wait_s, max_reconnect_attempts=max_reconnect_attempts
+        )
+        await nursery.start(nats.run)
+        client = StanClient(
+            nats,
+            cluster_id,
+            client_id,
+            request_timeout_s=request_timeout_s,
+            max_pub_acks_inflight=max_pub_acks_inflight,
+            ping_interval_s=ping_interval_s,
+            ping_max_out=ping_max_out,
+        )
+        nats.on_reconnect = client._on_reconnect
+        try:
+            await client._start()
+            nursery.start_soon(client._pinger)
+            yield client
+        finally:
+            with trio.move_on_after(client.request_timeout_s + 1, shield=True):
+                await client.close()
+            nursery.cancel_scope.cancel()

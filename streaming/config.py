@@ -1,0 +1,211 @@
+"""Server configuration: attrs classes, loaded from TOML with cattrs (unknown keys rejected, with the
+path of the offending key in the error), then overridden by command-line flags.
+
+Durations are seconds, or strings with a unit as nats-streaming-server writes them ("30s", "1m30s",
+"24h", "500ms"). Sizes are bytes, or strings such as "64MB", "1GiB".
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, NewType
+
+import attrs
+import cattrs
+from cattrs.gen import make_dict_structure_fn
+from cattrs.v import format_exception
+
+from storage import ChannelLimits, StoreLimits
+
+Duration = NewType("Duration", float)
+Size = NewType("Size", int)
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_SIZE = re.compile(r"^(\d+)\s*([kmgt]?i?b?)$", re.IGNORECASE)
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
+
+
+class ConfigError(Exception):
+    """A configuration the server cannot start with; str() says which key and why."""
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from 30, 2.5, "30s", "1m30s", "500ms", "24h"; "-1"/negative numbers pass through."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration, got {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return float(text)
+        except ValueError:
+            pass
+        sign = -1.0 if text.startswith("-") else 1.0
+        text = text.lstrip("-")
+        parts = _DURATION_PART.findall(text)
+        if parts and "".join(n + u for n, u in parts) == text:
+            return sign * sum(float(n) * _UNITS[u] for n, u in parts)
+    raise ValueError(f"expected a duration such as 30, '30s', '1m30s' or '500ms', got {value!r}")
+
+
+def parse_size(value: object) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a size, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        sign = -1 if text.startswith("-") else 1
+        match = _SIZE.match(text.lstrip("-"))
+        if match:
+            return sign * int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    raise ValueError(f"expected a size in bytes such as 1048576 or '1MB', got {value!r}")
+
+
+@attrs.frozen
+class LimitsConfig:
+    """Channel limits; global values: 0 = unlimited. Per channel: 0 = inherit, negative = unlimited."""
+
+    max_msgs: int = 1_000_000
+    max_bytes: Size = Size(1_000_000 * 1024)
+    max_age: Duration = Duration(0.0)
+    max_inactivity: Duration = Duration(0.0)
+
+
+@attrs.frozen
+class ChannelConfig:
+    max_msgs: int = 0
+    max_bytes: Size = Size(0)
+    max_age: Duration = Duration(0.0)
+    max_inactivity: Duration = Duration(0.0)
+
+
+@attrs.frozen
+class ServerConfig:
+    cluster_id: str = "test-cluster"
+    host: str = "0.0.0.0"
+    port: int = 4222
+    http_port: int = 0  # monitoring (issue 5); 0 = off
+    store: str = "lmdb"
+    dir: str = "streaming-data"
+    max_channels: int = 100
+    max_subs: int = 1000
+    limits: LimitsConfig = LimitsConfig()
+    channels: dict[str, ChannelConfig] = attrs.Factory(dict)
+    discover_prefix: str = "_STAN.discover"
+    hb_interval: Duration = Duration(30.0)
+    hb_timeout: Duration = Duration(10.0)
+    hb_fail_count: int = 10
+    dup_check_timeout: Duration = Duration(0.5)
+    recovery_hold: Duration = Duration(5.0)  # how long a restart waits for clients to come back
+    max_payload: Size = Size(1024 * 1024)
+    max_pending: Size = Size(64 * 1024 * 1024)
+    write_deadline: Duration = Duration(10.0)
+    ping_interval: Duration = Duration(120.0)
+    max_pings_out: int = 2
+    ack_wait_ms: bool = False  # test-only: a negative ackWaitInSecs means milliseconds
+    log_level: str = "info"
+
+    def __attrs_post_init__(self) -> None:
+        if self.store not in ("lmdb", "memory"):
+            raise ConfigError(f"store: expected 'lmdb' or 'memory', got {self.store!r}")
+        if not 0 <= self.port < 65536 or not 0 <= self.http_port < 65536:
+            raise ConfigError("port and http_port must be between 0 and 65535")
+        if not re.fullmatch(r"[a-zA-Z0-9_-]+", self.cluster_id):
+            raise ConfigError(f"cluster_id: only letters, digits, '-' and '_' are allowed, got {self.cluster_id!r}")
+        for name in ("hb_interval", "hb_timeout", "dup_check_timeout", "ping_interval", "write_deadline"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.hb_fail_count < 0 or self.max_payload <= 0 or self.max_pending <= 0:
+            raise ConfigError("hb_fail_count must be >= 0; max_payload and max_pending must be positive")
+
+    def store_limits(self) -> StoreLimits:
+        """The store's limits (raises ConfigError for values it refuses)."""
+        try:
+            return StoreLimits(
+                max_channels=self.max_channels,
+                max_subs=self.max_subs,
+                channel=_channel_limits(self.limits),
+                per_channel={name: _channel_limits(c) for name, c in self.channels.items()},
+            )
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+
+
+def _channel_limits(c: LimitsConfig | ChannelConfig) -> ChannelLimits:
+    return ChannelLimits(c.max_msgs, c.max_bytes, c.max_age, c.max_inactivity)
+
+
+def _converter() -> cattrs.Converter:
+    converter = cattrs.Converter(forbid_extra_keys=True)
+    converter.register_structure_hook(Duration, lambda v, _: Duration(parse_duration(v)))
+    converter.register_structure_hook(Size, lambda v, _: Size(parse_size(v)))
+    for cls in (LimitsConfig, ChannelConfig, ServerConfig):
+        converter.register_structure_hook(cls, make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=True))
+    return converter
+
+
+_CONVERTER = _converter()
+
+
+def structure(data: dict[str, Any]) -> ServerConfig:
+    try:
+        return _CONVERTER.structure(data, ServerConfig)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        # transform_error names each bad key by its path, e.g. "... @ $.limits.max_age".
+        raise ConfigError("; ".join(cattrs.transform_error(exc, path="config", format_exception=_format))) from None
+
+
+def _format(exc: BaseException, type_: type | None) -> str:
+    if isinstance(exc, ConfigError) or (type(exc) is ValueError and "expected" in str(exc)):
+        return str(exc)
+    return format_exception(exc, type_)
+
+
+def load(path: str | Path, overrides: dict[str, Any] | None = None) -> ServerConfig:
+    """Read a TOML file, apply flag overrides (top-level keys), and build the config."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    try:
+        return merged(data, overrides or {})
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def merged(data: dict[str, Any], overrides: dict[str, Any]) -> ServerConfig:
+    data = dict(data)
+    limits = dict(data.get("limits", {}))
+    for key, value in overrides.items():
+        if key in ("max_msgs", "max_bytes", "max_age", "max_inactivity"):
+            limits[key] = value
+        else:
+            data[key] = value
+    if limits:
+        data["limits"] = limits
+    return structure(data)

@@ -1,0 +1,384 @@
+"""The embedded NATS core broker under Trio: accepts connections, routes messages by subject.
+
+Each connection is a nursery with a reader (this connection's handler task), a writer and a pinger.
+The writer sends whatever queued up since its last send in one `send_all` (writes are coalesced);
+the queue is bounded in bytes: a client that lets more than `max_pending_bytes` pile up, or does not
+take a write within `write_deadline`, gets `-ERR 'Slow Consumer'` and is disconnected, and no
+publisher ever waits for it.
+
+In-process subscribers (the STAN layer) register handlers with `subscribe()`. A handler runs in the
+publishing connection's reader task, in arrival order; it may return an awaitable, which the reader
+awaits before reading on (that is how one connection's requests stay ordered, spec §3.13). Handlers
+registered with `add_batch_hook` run after each chunk read from a socket, so work can be batched per
+read rather than per message.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+import trio
+
+from streaming.nats import protocol as p
+from streaming.nats.subjects import Sublist, valid_literal, valid_subject
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[str, str, bytes], Awaitable[None] | None]
+VERSION = "2.10.0"  # the NATS server version we behave like (clients only read it for features)
+
+
+@attrs.frozen
+class BrokerConfig:
+    host: str = "0.0.0.0"
+    port: int = 4222
+    max_payload: int = p.MAX_PAYLOAD
+    max_control_line: int = p.MAX_CONTROL_LINE
+    max_pending_bytes: int = 64 * 1024 * 1024
+    write_deadline_s: float = 10.0
+    ping_interval_s: float = 120.0
+    max_pings_out: int = 2
+    server_name: str = "streaming-server"
+
+
+@attrs.frozen
+class BrokerStatistics:
+    connections: int
+    total_connections: int
+    subscriptions: int
+    in_msgs: int
+    out_msgs: int
+    in_bytes: int
+    out_bytes: int
+    slow_consumers: int
+
+
+class _Sub:
+    """One subscription: a remote connection's sid, or an in-process handler (conn is None)."""
+
+    __slots__ = ("conn", "delivered", "handler", "max_msgs", "queue", "sid", "subject")
+
+    def __init__(self, conn: Connection | None, sid: str, subject: str, queue: str, handler: Handler | None) -> None:
+        self.conn = conn
+        self.sid = sid
+        self.subject = subject
+        self.queue = queue
+        self.handler = handler
+        self.max_msgs: int | None = None
+        self.delivered = 0
+
+
+class Connection:
+    """One client connection's state. `send` never blocks: it queues bytes for the writer."""
+
+    def __init__(self, broker: Broker, stream: trio.SocketStream, cid: int) -> None:
+        self.broker = broker
+        self.stream = stream
+        self.cid = cid
+        self.parser = p.ServerConnection(broker.config.max_payload, broker.config.max_control_line)
+        self.out: list[bytes] = []
+        self.pending_bytes = 0
+        self.has_data = trio.Event()
+        self.flushed = trio.Event()  # set by the writer once a closing connection's last bytes went out
+        self.closing = False
+        self.verbose = False
+        self.pedantic = False
+        self.echo = True
+        self.name = ""
+        self.pings_out = 0
+        self.subs: dict[str, _Sub] = {}
+        self.reader_scope: trio.CancelScope | None = None
+        try:
+            self.remote = str(stream.socket.getpeername())
+        except OSError:
+            self.remote = "?"
+
+    def send(self, data: bytes) -> None:
+        if self.closing:
+            return
+        self.out.append(data)
+        self.pending_bytes += len(data)
+        if self.pending_bytes > self.broker.config.max_pending_bytes:
+            self.broker.slow_consumers += 1
+            log.warning(
+                "connection %d (%s) is a slow consumer: %d bytes pending", self.cid, self.remote, self.pending_bytes
+            )
+            self.out.clear()
+            self.pending_bytes = 0
+            self.fail(p.SLOW_CONSUMER)
+            return
+        self.has_data.set()
+
+    def fail(self, text: str) -> None:
+        """Send `-ERR 'text'` and close this connection (after what is already queued)."""
+        if self.closing:
+            return
+        self.out.append(p.encode_err(text))
+        self.closing = True
+        self.has_data.set()
+        if self.reader_scope is not None:
+            self.reader_scope.cancel()
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig | None = None) -> None:
+        self.config = config or BrokerConfig()
+        self.server_id = secrets.token_hex(11).upper()
+        self._sublist: Sublist[_Sub] = Sublist()
+        self._sub_added = trio.Event()
+        self._conns: dict[int, Connection] = {}
+        self._cids = itertools.count(1)
+        self._batch_hooks: list[Callable[[], None]] = []
+        self.port = 0
+        self.total_connections = 0
+        self.in_msgs = self.out_msgs = self.in_bytes = self.out_bytes = 0
+        self.slow_consumers = 0
+
+    # -- in-process API --------------------------------------------------------------------------
+
+    def subscribe(self, subject: str, handler: Handler, queue: str = "") -> object:
+        """Register an in-process subscriber; returns a token for `unsubscribe`."""
+        if not valid_subject(subject):
+            raise ValueError(f"invalid subject {subject!r}")
+        sub = _Sub(None, "", subject, queue, handler)
+        self._sublist.add(sub, subject, queue)
+        return sub
+
+    def unsubscribe(self, token: object) -> None:
+        assert isinstance(token, _Sub)
+        self._sublist.remove(token)
+
+    def add_batch_hook(self, hook: Callable[[], None]) -> None:
+        self._batch_hooks.append(hook)
+
+    def has_interest(self, subject: str) -> bool:
+        return self._sublist.has_interest(subject)
+
+    async def wait_interest(self, subjects: list[str]) -> None:
+        """Return once every subject has a subscriber."""
+        while not all(self._sublist.has_interest(s) for s in subjects):
+            await self._sub_added.wait()
+
+    def publish(self, subject: str, payload: bytes, reply: str = "") -> list[Awaitable[None]]:
+        """Route one message; returns the awaitables in-process handlers asked to be awaited."""
+        return self._route(subject, reply, payload, None)
+
+    def _route(self, subject: str, reply: str, payload: bytes, origin: Connection | None) -> list[Awaitable[None]]:
+        waits: list[Awaitable[None]] = []
+        for sub in self._sublist.match(subject):
+            conn = sub.conn
+            if conn is None:
+                assert sub.handler is not None
+                result = sub.handler(subject, reply, payload)
+                if result is not None:
+                    waits.append(result)
+                continue
+            if conn is origin and not conn.echo:
+                continue
+            if reply:
+                header = f"MSG {subject} {sub.sid} {reply} {len(payload)}\r\n".encode()
+            else:
+                header = f"MSG {subject} {sub.sid} {len(payload)}\r\n".encode()
+            conn.send(header + payload + b"\r\n")
+            self.out_msgs += 1
+            self.out_bytes += len(payload)
+            sub.delivered += 1
+            if sub.max_msgs is not None and sub.delivered >= sub.max_msgs:
+                self._remove(conn, sub.sid)
+        return waits
+
+    def statistics(self) -> BrokerStatistics:
+        return BrokerStatistics(
+            len(self._conns),
+            self.total_connections,
+            len(self._sublist),
+            self.in_msgs,
+            self.out_msgs,
+            self.in_bytes,
+            self.out_bytes,
+            self.slow_consumers,
+        )
+
+    # -- serving ---------------------------------------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen and serve until cancelled; reports the bound port through `task_status`."""
+        host = None if self.config.host in ("", "0.0.0.0") else self.config.host
+        listeners = await trio.open_tcp_listeners(self.config.port, host=host)
+        self.port = listeners[0].socket.getsockname()[1]
+        log.info("listening for NATS clients on %s:%d", self.config.host, self.port)
+        async with trio.open_nursery() as nursery:
+            for listener in listeners:
+                nursery.start_soon(trio.serve_listeners, self._handle, [listener])
+            task_status.started(self.port)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        try:
+            await self._serve_connection(stream)
+        except Exception:
+            # A bug while serving one connection must not take the listener (and everyone else) down.
+            log.exception("connection handler failed")
+
+    async def _serve_connection(self, stream: trio.SocketStream) -> None:
+        conn = Connection(self, stream, next(self._cids))
+        self.total_connections += 1
+        self._conns[conn.cid] = conn
+        conn.send(p.encode_info(self._info(conn)))
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._writer, conn)
+                nursery.start_soon(self._pinger, conn)
+                with trio.CancelScope() as scope:
+                    conn.reader_scope = scope
+                    await self._reader(conn)
+                conn.closing = True
+                conn.has_data.set()
+                # The writer sends what is queued (an -ERR, say); give it a moment.
+                with trio.move_on_after(1):
+                    await conn.flushed.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            del self._conns[conn.cid]
+            for sub in list(conn.subs.values()):
+                self._sublist.remove(sub)
+            conn.subs.clear()
+            with trio.move_on_after(1, shield=True):
+                await trio.aclose_forcefully(stream)
+
+    def _info(self, conn: Connection) -> dict[str, Any]:
+        return {
+            "server_id": self.server_id,
+            "server_name": self.config.server_name,
+            "version": VERSION,
+            "proto": 1,
+            "host": self.config.host,
+            "port": self.port,
+            "headers": False,
+            "max_payload": self.config.max_payload,
+            "client_id": conn.cid,
+        }
+
+    async def _writer(self, conn: Connection) -> None:
+        stream = conn.stream
+        try:
+            while True:
+                await conn.has_data.wait()
+                conn.has_data = trio.Event()
+                if conn.out:
+                    data = b"".join(conn.out) if len(conn.out) > 1 else conn.out[0]
+                    conn.out.clear()
+                    conn.pending_bytes = 0
+                    with trio.move_on_after(self.config.write_deadline_s) as deadline:
+                        await stream.send_all(data)
+                    if deadline.cancelled_caught:
+                        self.slow_consumers += 1
+                        log.warning(
+                            "connection %d (%s) is a slow consumer: a write took over %.1f s",
+                            conn.cid,
+                            conn.remote,
+                            self.config.write_deadline_s,
+                        )
+                        break
+                if conn.closing and not conn.out:
+                    break
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the peer went away; the reader sees it too
+        conn.closing = True
+        conn.out.clear()
+        conn.flushed.set()
+        if conn.reader_scope is not None:
+            conn.reader_scope.cancel()
+
+    async def _pinger(self, conn: Connection) -> None:
+        while True:
+            await trio.sleep(self.config.ping_interval_s)
+            if conn.pings_out >= self.config.max_pings_out:
+                conn.fail(p.STALE_CONNECTION)
+                return
+            conn.pings_out += 1
+            conn.send(p.PING_BYTES)
+
+    async def _reader(self, conn: Connection) -> None:
+        stream = conn.stream
+        parser = conn.parser
+        hooks = self._batch_hooks
+        while not conn.closing:
+            try:
+                data = await stream.receive_some(65536)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            if not data:
+                return
+            parser.receive_data(data)
+            try:
+                while True:
+                    event = parser.next_event()
+                    if event is p.NEED_DATA:
+                        break
+                    if type(event) is p.Pub:
+                        waits = self._on_pub(conn, event)
+                        for wait in waits:
+                            await wait
+                    else:
+                        assert isinstance(event, p.Event)
+                        self._on_control(conn, event)
+            except p.RemoteProtocolError as exc:
+                log.info("connection %d (%s): protocol error: %s", conn.cid, conn.remote, exc)
+                conn.fail(str(exc))
+                return
+            finally:
+                for hook in hooks:
+                    hook()
+
+    def _on_pub(self, conn: Connection, event: p.Pub) -> list[Awaitable[None]]:
+        self.in_msgs += 1
+        self.in_bytes += len(event.payload)
+        if conn.pedantic and not valid_literal(event.subject):
+            conn.send(p.encode_err(p.INVALID_PUBLISH_SUBJECT))
+            return []
+        if conn.verbose:
+            conn.send(p.OK_BYTES)
+        return self._route(event.subject, event.reply, event.payload, conn)
+
+    def _on_control(self, conn: Connection, event: p.Event) -> None:
+        if isinstance(event, p.Ping):
+            conn.send(p.PONG_BYTES)
+        elif isinstance(event, p.Pong):
+            conn.pings_out = 0
+        elif isinstance(event, p.Sub):
+            if not valid_subject(event.subject) or (event.queue and not valid_literal(event.queue)):
+                conn.send(p.encode_err(p.INVALID_SUBJECT))
+                return
+            if event.sid not in conn.subs:  # a duplicate sid is ignored, as nats-server does
+                sub = conn.subs[event.sid] = _Sub(conn, event.sid, event.subject, event.queue, None)
+                self._sublist.add(sub, event.subject, event.queue)
+                self._sub_added.set()
+                self._sub_added = trio.Event()
+            if conn.verbose:
+                conn.send(p.OK_BYTES)
+        elif isinstance(event, p.Unsub):
+            existing = conn.subs.get(event.sid)
+            if existing is not None:
+                if event.max_msgs is None or existing.delivered >= event.max_msgs:
+                    self._remove(conn, event.sid)
+                else:
+                    existing.max_msgs = event.max_msgs
+            if conn.verbose:
+                conn.send(p.OK_BYTES)
+        elif isinstance(event, p.Connect):
+            conn.verbose = event.verbose
+            conn.pedantic = event.pedantic
+            conn.echo = event.echo
+            conn.name = str(event.options.get("name", ""))
+            if conn.verbose:
+                conn.send(p.OK_BYTES)
+
+    def _remove(self, conn: Connection, sid: str) -> None:
+        gone = conn.subs.pop(sid, None)
+        if gone is not None:
+            self._sublist.remove(gone)

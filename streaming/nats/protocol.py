@@ -1,0 +1,349 @@
+"""The NATS core wire protocol, sans-IO (spec §1): bytes in, typed events out; events in, bytes out.
+
+`ServerConnection` parses what a client sends (CONNECT, PUB, SUB, UNSUB, PING, PONG);
+`ClientConnection` parses what a server sends (INFO, MSG, PING, PONG, +OK, -ERR). Neither touches a
+socket: call `receive_data(bytes)`, then `next_event()` until it returns `NEED_DATA`. Chunk boundaries
+do not matter. Operation names are case-insensitive, arguments are separated by runs of spaces or
+tabs, and a bare LF ends a line as well as CRLF, as nats-server tolerates.
+
+A peer that breaks the rules gets a `RemoteProtocolError` whose text is the `-ERR` to send it; `fatal`
+says whether the connection must then be closed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+import attrs
+
+MAX_CONTROL_LINE: Final = 4096
+MAX_PAYLOAD: Final = 1024 * 1024
+
+
+class _NeedData:
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+NEED_DATA: Final = _NeedData()
+
+
+class RemoteProtocolError(Exception):
+    """The peer broke the protocol; `str()` is the text for `-ERR '...'`."""
+
+    def __init__(self, text: str, *, fatal: bool = True) -> None:
+        super().__init__(text)
+        self.fatal = fatal
+
+
+class LocalProtocolError(Exception):
+    """We were asked to send something the protocol cannot express (a bug on our side)."""
+
+
+# Exact texts clients match on (spec §1.8); nats-server's "maximum control line" is lower-case.
+UNKNOWN_OP: Final = "Unknown Protocol Operation"
+MAX_CONTROL_EXCEEDED: Final = "maximum control line exceeded"
+MAX_PAYLOAD_VIOLATION: Final = "Maximum Payload Violation"
+INVALID_SUBJECT: Final = "Invalid Subject"
+INVALID_PUBLISH_SUBJECT: Final = "Invalid Publish Subject"
+SLOW_CONSUMER: Final = "Slow Consumer"
+STALE_CONNECTION: Final = "Stale Connection"
+
+
+class Event:
+    """Base class of everything a parser returns."""
+
+    __slots__ = ()
+
+
+@attrs.frozen(slots=True)
+class Connect(Event):
+    options: dict[str, Any]
+
+    @property
+    def verbose(self) -> bool:
+        return bool(self.options.get("verbose", False))
+
+    @property
+    def pedantic(self) -> bool:
+        return bool(self.options.get("pedantic", False))
+
+    @property
+    def echo(self) -> bool:
+        return bool(self.options.get("echo", True))
+
+
+@attrs.frozen(slots=True)
+class Pub(Event):
+    subject: str
+    reply: str
+    payload: bytes
+
+
+@attrs.frozen(slots=True)
+class Sub(Event):
+    subject: str
+    queue: str
+    sid: str
+
+
+@attrs.frozen(slots=True)
+class Unsub(Event):
+    sid: str
+    max_msgs: int | None = None
+
+
+@attrs.frozen(slots=True)
+class Ping(Event):
+    pass
+
+
+@attrs.frozen(slots=True)
+class Pong(Event):
+    pass
+
+
+@attrs.frozen(slots=True)
+class Info(Event):
+    options: dict[str, Any]
+
+
+@attrs.frozen(slots=True)
+class Msg(Event):
+    subject: str
+    sid: str
+    reply: str
+    payload: bytes
+
+
+@attrs.frozen(slots=True)
+class Ok(Event):
+    pass
+
+
+@attrs.frozen(slots=True)
+class Err(Event):
+    text: str
+
+
+PING: Final = Ping()
+PONG: Final = Pong()
+OK: Final = Ok()
+
+
+def _text(raw: bytes) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise RemoteProtocolError(UNKNOWN_OP) from None
+
+
+def _size(raw: bytes) -> int:
+    if not raw.isdigit():
+        raise RemoteProtocolError(UNKNOWN_OP)
+    return int(raw)
+
+
+def _json(raw: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise RemoteProtocolError(UNKNOWN_OP) from None
+    if not isinstance(value, dict):
+        raise RemoteProtocolError(UNKNOWN_OP)
+    return value
+
+
+class _Parser:
+    """Line framing and payload collection shared by both directions."""
+
+    def __init__(self, max_payload: int, max_control_line: int) -> None:
+        self.max_payload = max_payload
+        self.max_control_line = max_control_line
+        self._buf = bytearray()
+        self._pos = 0
+        self._payload: tuple[Any, int] | None = None  # (header, size) of a message awaiting its payload
+        self.closed = False
+
+    def receive_data(self, data: bytes) -> None:
+        buf = self._buf
+        if self._pos:
+            if self._pos >= len(buf):
+                buf.clear()
+                self._pos = 0
+            elif self._pos > 65536:
+                del buf[: self._pos]
+                self._pos = 0
+        buf += data
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf) - self._pos
+
+    def next_event(self) -> Event | _NeedData:
+        buf = self._buf
+        if self._payload is not None:
+            header, size = self._payload
+            end = self._pos + size
+            if len(buf) < end + 2:
+                return NEED_DATA
+            if buf[end : end + 2] != b"\r\n":
+                if buf[end : end + 1] != b"\n":
+                    raise RemoteProtocolError(UNKNOWN_OP)
+                self._pos = end + 1
+            else:
+                self._pos = end + 2
+            self._payload = None
+            return self._with_payload(header, bytes(buf[end - size : end]))
+        nl = buf.find(b"\n", self._pos)
+        if nl < 0:
+            if len(buf) - self._pos > self.max_control_line:
+                raise RemoteProtocolError(MAX_CONTROL_EXCEEDED)
+            return NEED_DATA
+        line = bytes(buf[self._pos : nl])
+        if len(line) > self.max_control_line:
+            raise RemoteProtocolError(MAX_CONTROL_EXCEEDED)
+        self._pos = nl + 1
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        parts = line.split(None, 1)
+        if not parts:
+            raise RemoteProtocolError(UNKNOWN_OP)
+        op = parts[0].upper()
+        rest = parts[1] if len(parts) > 1 else b""
+        return self._control(op, rest)
+
+    def _expect_payload(self, header: Any, size: int) -> Event | _NeedData:
+        if size > self.max_payload:
+            raise RemoteProtocolError(MAX_PAYLOAD_VIOLATION)
+        self._payload = (header, size)
+        return self.next_event()
+
+    def _control(self, op: bytes, rest: bytes) -> Event | _NeedData:
+        raise NotImplementedError
+
+    def _with_payload(self, header: Any, payload: bytes) -> Event:
+        raise NotImplementedError
+
+
+class ServerConnection(_Parser):
+    """The server's side of one client connection: parses client operations."""
+
+    def __init__(self, max_payload: int = MAX_PAYLOAD, max_control_line: int = MAX_CONTROL_LINE) -> None:
+        super().__init__(max_payload, max_control_line)
+
+    def _control(self, op: bytes, rest: bytes) -> Event | _NeedData:
+        if op == b"PUB":
+            args = rest.split()
+            if len(args) == 2:
+                return self._expect_payload((_text(args[0]), ""), _size(args[1]))
+            if len(args) == 3:
+                return self._expect_payload((_text(args[0]), _text(args[1])), _size(args[2]))
+            raise RemoteProtocolError(UNKNOWN_OP)
+        if op == b"PING":
+            return PING
+        if op == b"PONG":
+            return PONG
+        if op == b"SUB":
+            args = rest.split()
+            if len(args) == 2:
+                return Sub(_text(args[0]), "", _text(args[1]))
+            if len(args) == 3:
+                return Sub(_text(args[0]), _text(args[1]), _text(args[2]))
+            raise RemoteProtocolError(UNKNOWN_OP)
+        if op == b"UNSUB":
+            args = rest.split()
+            if len(args) == 1:
+                return Unsub(_text(args[0]))
+            if len(args) == 2:
+                return Unsub(_text(args[0]), _size(args[1]))
+            raise RemoteProtocolError(UNKNOWN_OP)
+        if op == b"CONNECT":
+            return Connect(_json(rest))
+        raise RemoteProtocolError(UNKNOWN_OP)
+
+    def _with_payload(self, header: Any, payload: bytes) -> Event:
+        subject, reply = header
+        return Pub(subject, reply, payload)
+
+
+class ClientConnection(_Parser):
+    """A client's side of its connection: parses server operations."""
+
+    def __init__(self, max_payload: int = 64 * MAX_PAYLOAD, max_control_line: int = MAX_CONTROL_LINE) -> None:
+        super().__init__(max_payload, max_control_line)
+
+    def _control(self, op: bytes, rest: bytes) -> Event | _NeedData:
+        if op == b"MSG":
+            args = rest.split()
+            if len(args) == 3:
+                return self._expect_payload((_text(args[0]), _text(args[1]), ""), _size(args[2]))
+            if len(args) == 4:
+                return self._expect_payload((_text(args[0]), _text(args[1]), _text(args[2])), _size(args[3]))
+            raise RemoteProtocolError(UNKNOWN_OP)
+        if op == b"PING":
+            return PING
+        if op == b"PONG":
+            return PONG
+        if op == b"+OK":
+            return OK
+        if op == b"-ERR":
+            return Err(_text(rest).strip().strip("'"))
+        if op == b"INFO":
+            return Info(_json(rest))
+        raise RemoteProtocolError(UNKNOWN_OP)
+
+    def _with_payload(self, header: Any, payload: bytes) -> Event:
+        subject, sid, reply = header
+        return Msg(subject, sid, reply, payload)
+
+
+# -- serialising -----------------------------------------------------------------------------------
+
+
+def _check_token(value: str, what: str) -> None:
+    if not value or any(c in value for c in " \t\r\n"):
+        raise LocalProtocolError(f"invalid {what}: {value!r}")
+
+
+def encode_info(options: dict[str, Any]) -> bytes:
+    return b"INFO " + json.dumps(options, separators=(",", ":")).encode() + b"\r\n"
+
+
+def encode_connect(options: dict[str, Any]) -> bytes:
+    return b"CONNECT " + json.dumps(options, separators=(",", ":")).encode() + b"\r\n"
+
+
+def encode_msg(subject: str, sid: str, reply: str, payload: bytes) -> bytes:
+    if reply:
+        return f"MSG {subject} {sid} {reply} {len(payload)}\r\n".encode() + payload + b"\r\n"
+    return f"MSG {subject} {sid} {len(payload)}\r\n".encode() + payload + b"\r\n"
+
+
+def encode_pub(subject: str, reply: str, payload: bytes) -> bytes:
+    _check_token(subject, "subject")
+    if reply:
+        _check_token(reply, "reply subject")
+        return f"PUB {subject} {reply} {len(payload)}\r\n".encode() + payload + b"\r\n"
+    return f"PUB {subject} {len(payload)}\r\n".encode() + payload + b"\r\n"
+
+
+def encode_sub(subject: str, sid: str, queue: str = "") -> bytes:
+    _check_token(subject, "subject")
+    return f"SUB {subject} {queue} {sid}\r\n".encode() if queue else f"SUB {subject} {sid}\r\n".encode()
+
+
+def encode_unsub(sid: str, max_msgs: int | None = None) -> bytes:
+    return f"UNSUB {sid} {max_msgs}\r\n".encode() if max_msgs is not None else f"UNSUB {sid}\r\n".encode()
+
+
+def encode_err(text: str) -> bytes:
+    if "'" in text or "\r" in text or "\n" in text:
+        raise LocalProtocolError(f"-ERR text cannot contain quotes or line breaks: {text!r}")
+    return f"-ERR '{text}'\r\n".encode()
+
+
+PING_BYTES: Final = b"PING\r\n"
+PONG_BYTES: Final = b"PONG\r\n"
+OK_BYTES: Final = b"+OK\r\n"

@@ -1,0 +1,182 @@
+"""Publish group commit: every publish accepted from any connection while the store is busy goes into
+the next single `Store.append` (one fsynced transaction), then the engine hears of the new messages
+(deliveries go out), then every publisher gets its PubAck, in arrival order (spec §3.4 step 8).
+
+A lone publish is committed at once (a batch of one), so sequential publishers are not delayed; under
+load the batch grows by itself while the previous commit runs on the store thread. Accepted publishes
+beyond `high_water` make the publishing connections wait (TCP back-pressure), so memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from functools import partial
+from typing import TypeVar
+
+import attrs
+import trio
+
+from storage import AppendResult, ChannelError, Message, NewMessage, Store, StoreError
+from streaming.engine import Engine
+from streaming.runtime import EngineRuntime
+from streaming.stan.pb import protocol_pb2 as pb
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@attrs.define(slots=True)
+class Publish:
+    channel: str
+    data: bytes
+    reply: str  # PubMsg.reply, stored with the message
+    guid: str
+    ack_subject: str  # where the PubAck goes ("" = none wanted)
+
+
+@attrs.frozen
+class PublisherStatistics:
+    queued: int
+    commits: int
+    messages: int
+    largest_batch: int
+
+
+class Publisher:
+    def __init__(
+        self,
+        store: Store,
+        engine: Engine,
+        runtime: EngineRuntime,
+        send: Callable[[str, bytes], None],
+        *,
+        store_in_thread: bool,
+        max_batch: int = 8192,
+        high_water: int = 65536,
+    ) -> None:
+        self._store = store
+        self._engine = engine
+        self._runtime = runtime
+        self._send = send
+        self._in_thread = store_in_thread
+        self._max_batch = max_batch
+        self._high_water = high_water
+        self._queue: list[Publish] = []
+        self._work = trio.Event()
+        self._room = trio.Event()
+        self._room.set()
+        self._committed = 0  # publishes done (acked or refused), counting from the first
+        self._submitted = 0
+        self._progress = trio.Event()
+        self._paused = False
+        self.commits = 0
+        self.largest_batch = 0
+
+    def submit(self, publish: Publish) -> None:
+        self._queue.append(publish)
+        self._submitted += 1
+        if not self._paused:
+            self._work.set()
+        if len(self._queue) >= self._high_water and self._room.is_set():
+            self._room = trio.Event()
+
+    def has_room(self) -> bool:
+        return self._room.is_set()
+
+    async def wait_room(self) -> None:
+        await self._room.wait()
+
+    def pause(self) -> None:
+        """Hold commits (accepting and queueing still work): used while recovery waits for clients."""
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
+        self._work.set()
+
+    async def flush(self) -> None:
+        """Wait until every publish submitted so far is committed and acknowledged."""
+        target = self._submitted
+        while self._committed < target:
+            await self._progress.wait()
+        await trio.lowlevel.checkpoint()
+
+    def statistics(self) -> PublisherStatistics:
+        return PublisherStatistics(len(self._queue), self.commits, self._committed, self.largest_batch)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        try:
+            while True:
+                await self._work.wait()
+                self._work = trio.Event()
+                while self._queue and not self._paused:
+                    batch = self._queue[: self._max_batch]
+                    del self._queue[: self._max_batch]
+                    await self._commit(batch)
+        finally:
+            # Shutting down: what was accepted is still stored (clients may or may not get the PubAck).
+            with trio.move_on_after(10, shield=True):
+                while self._queue:
+                    batch = self._queue[: self._max_batch]
+                    del self._queue[: self._max_batch]
+                    await self._commit(batch)
+
+    async def _commit(self, batch: list[Publish]) -> None:
+        refused = await self._create_channels({p.channel for p in batch})
+        accepted = [p for p in batch if p.channel not in refused] if refused else batch
+        errors: dict[int, str] = {}
+        if accepted:
+            messages = [NewMessage(p.channel, p.data, p.reply) for p in accepted]
+            try:
+                result = await self._call(partial(self._store.append, messages))
+            except StoreError as exc:
+                log.error("could not store %d messages: %s", len(messages), exc)
+                errors = {id(p): f"stan: store error: {exc}" for p in accepted}
+            else:
+                self._announce(accepted, result)
+        self.commits += 1
+        self.largest_batch = max(self.largest_batch, len(batch))
+        send = self._send
+        for p in batch:
+            if p.ack_subject:
+                error = refused.get(p.channel) or errors.get(id(p), "")
+                send(p.ack_subject, pb.PubAck(guid=p.guid, error=error).SerializeToString())
+        self._committed += len(batch)
+        self._progress.set()
+        self._progress = trio.Event()
+        if not self._room.is_set() and len(self._queue) < self._high_water // 2:
+            self._room.set()
+
+    def _announce(self, accepted: list[Publish], result: AppendResult) -> None:
+        """Tell the engine (deliveries are queued before the PubAcks go out, as the reference does)."""
+        engine = self._engine
+        for channel, dropped in result.dropped.items():
+            engine.on_dropped(channel, dropped)
+        now = trio.current_time()
+        by_channel: dict[str, list[Message]] = {}
+        for p, (seq, timestamp) in zip(accepted, result.assigned, strict=True):
+            by_channel.setdefault(p.channel, []).append(Message(seq, timestamp, p.channel, p.reply, p.data))
+        for channel, messages in by_channel.items():
+            engine.on_appended(channel, now, messages)
+        self._runtime.sync()
+
+    async def _create_channels(self, names: set[str]) -> dict[str, str]:
+        refused: dict[str, str] = {}
+        for name in names:
+            if self._store.channel_info(name) is None:
+                try:
+                    await self._call(partial(self._store.ensure_channel, name))
+                except ChannelError as exc:
+                    refused[name] = str(exc)
+                except StoreError as exc:
+                    refused[name] = f"stan: store error: {exc}"
+        return refused
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        if self._in_thread:
+            return await trio.to_thread.run_sync(fn)
+        result = fn()
+        await trio.lowlevel.checkpoint()
+        return result

@@ -1,0 +1,127 @@
+"""STAN requests, sans-IO: protobuf bytes in, a validated request (or the exact error text) out.
+
+This holds the checks that need nothing but the request itself (spec §3.1 steps 1-2, §3.4 steps 1-2,
+§3.5 steps 1-6); checks against server state (registered clients, channels, durables) are the server's
+and the engine's.
+"""
+
+from __future__ import annotations
+
+import re
+
+from google.protobuf.message import DecodeError, Message
+
+from storage import StartPosition, SubOptions
+from streaming.engine import SubscribeRequest
+from streaming.stan import errors
+from streaming.stan.pb import protocol_pb2 as pb
+
+_CLIENT_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
+
+
+class InvalidRequest(Exception):
+    """str() is the error to put in the response."""
+
+
+def valid_client_id(client_id: str) -> bool:
+    return _CLIENT_ID.match(client_id) is not None
+
+
+def valid_channel(name: str) -> bool:
+    """A channel name: a literal NATS subject without `/` (spec §3.4 step 2)."""
+    if not name or name[0] == "." or name[-1] == "." or ".." in name:
+        return False
+    return not any(c in name for c in "/*> \t\r\n")
+
+
+def parse(message_type: type[Message], payload: bytes, error: str) -> Message:
+    try:
+        return message_type.FromString(payload)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise InvalidRequest(error) from exc
+
+
+def parse_connect(payload: bytes) -> pb.ConnectRequest:
+    request = parse(pb.ConnectRequest, payload, errors.INVALID_CONNECT)
+    assert isinstance(request, pb.ConnectRequest)
+    if not request.heartbeatInbox:
+        raise InvalidRequest(errors.INVALID_CONNECT)
+    if not valid_client_id(request.clientID):
+        raise InvalidRequest(errors.INVALID_CLIENT_ID)
+    return request
+
+
+def parse_publish(payload: bytes) -> pb.PubMsg:
+    """Raises InvalidRequest; the guid (if the message parsed) is in `exc.args[1]`."""
+    try:
+        message: pb.PubMsg = pb.PubMsg.FromString(payload)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise InvalidRequest(errors.INVALID_PUBLISH, "") from exc
+    if not message.guid or not valid_channel(message.subject):
+        raise InvalidRequest(errors.INVALID_PUBLISH, message.guid)
+    return message
+
+
+def ack_wait_ms(ack_wait_in_secs: int, *, ms_mode: bool) -> int:
+    """AckWait in ms from the wire: whole seconds, or with the test-only ms mode a negative value
+    meaning milliseconds (as the reference server's test switch). Raises InvalidRequest."""
+    if ack_wait_in_secs > 0:
+        return ack_wait_in_secs * 1000
+    if ms_mode and ack_wait_in_secs < 0:
+        return -ack_wait_in_secs
+    raise InvalidRequest(errors.INVALID_ACK_WAIT)
+
+
+def parse_subscribe(payload: bytes, ack_inbox: str, *, ms_mode: bool = False) -> SubscribeRequest:
+    """Validation steps 1-6 of spec §3.5, in order; the request for the engine."""
+    request = parse(pb.SubscriptionRequest, payload, errors.INVALID_SUB)
+    assert isinstance(request, pb.SubscriptionRequest)
+    if not request.clientID:
+        raise InvalidRequest(errors.CLIENT_ID_MISSING)
+    wait_ms = ack_wait_ms(request.ackWaitInSecs, ms_mode=ms_mode)
+    if request.maxInFlight <= 0:
+        raise InvalidRequest(errors.INVALID_MAX_INFLIGHT)
+    if not 0 <= request.startPosition <= 4:
+        raise InvalidRequest(errors.INVALID_START)
+    if not valid_channel(request.subject):
+        raise InvalidRequest(errors.INVALID_SUBJECT)
+    if not request.inbox:
+        raise InvalidRequest(errors.INVALID_SUB)
+    if request.deadLetterChannel and not valid_channel(request.deadLetterChannel):
+        raise InvalidRequest(errors.INVALID_SUBJECT)
+    options = SubOptions(
+        max_deliver=request.maxDeliver,
+        dead_letter_channel=request.deadLetterChannel,
+        backoff_ms=tuple(request.backoffMs),
+        max_inflight_redeliveries=request.maxInflightRedeliveries,
+    )
+    return SubscribeRequest(
+        client_id=request.clientID,
+        channel=request.subject,
+        inbox=request.inbox,
+        ack_inbox=ack_inbox,
+        ack_wait_ms=wait_ms,
+        max_inflight=request.maxInFlight,
+        durable_name=request.durableName,
+        queue_group=request.qGroup,
+        start_position=StartPosition(request.startPosition),
+        start_sequence=request.startSequence,
+        start_time_delta_ns=request.startTimeDelta,
+        options=options,
+    )
+
+
+def parse_unsubscribe(payload: bytes) -> pb.UnsubscribeRequest:
+    request = parse(pb.UnsubscribeRequest, payload, errors.INVALID_UNSUB)
+    assert isinstance(request, pb.UnsubscribeRequest)
+    if not request.clientID or not request.subject or not request.inbox:
+        raise InvalidRequest(errors.INVALID_UNSUB)
+    return request
+
+
+def parse_close(payload: bytes) -> pb.CloseRequest:
+    request = parse(pb.CloseRequest, payload, errors.INVALID_CLOSE)
+    assert isinstance(request, pb.CloseRequest)
+    if not request.clientID:
+        raise InvalidRequest(errors.INVALID_CLOSE)
+    return request
