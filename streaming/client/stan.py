@@ -504,12 +504,16 @@ async def connect(
     reconnect_wait_s: float = 0.5,
     max_reconnect_attempts: int = -1,
 ) -> AsyncIterator[StanClient]:
-    """Open a STAN session; it is closed (STAN Close, then TCP) when the block ends."""
+    """Open a STAN session; it is closed (STAN Close, then TCP) when the block ends.
+
+    Connecting fails with OSError (nothing listening) or StanError (refused, or no STAN server with
+    that cluster ID answered), raised as such rather than inside an exception group.
+    """
+    failure: BaseException | None = None
     async with trio.open_nursery() as nursery:
         nats = NatsConnection(
             host, port, name=client_id, reconnect_wait_s=reconnect_wait_s, max_reconnect_attempts=max_reconnect_attempts
         )
-        await nursery.start(nats.run)
         client = StanClient(
             nats,
             cluster_id,
@@ -521,10 +525,19 @@ async def connect(
         )
         nats.on_reconnect = client._on_reconnect
         try:
+            await nursery.start(nats.run)
             await client._start()
-            nursery.start_soon(client._pinger)
-            yield client
-        finally:
-            with trio.move_on_after(client.request_timeout_s + 1, shield=True):
-                await client.close()
+        except (OSError, StanError, trio.TooSlowError) as exc:
+            failure = exc
+            client.closed = True
             nursery.cancel_scope.cancel()
+        if failure is None:
+            nursery.start_soon(client._pinger)
+            try:
+                yield client
+            finally:
+                with trio.move_on_after(client.request_timeout_s + 1, shield=True):
+                    await client.close()
+                nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise failure

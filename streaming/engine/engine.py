@@ -685,12 +685,14 @@ class Engine:
                 group.last_sent = info.last_seq
                 break
             for message in batch:
-                if member is None:
-                    break
+                if member is None:  # picked only when there is a message for it: a pick rotates ties
+                    member = self._pick(group, for_new=True)
+                    if member is None:
+                        break
                 self._send(member, message, 1, Reason.NEW, now)
                 group.last_sent = message.seq
                 receivers[member.record.sub_id] = member
-                member = self._pick(group, for_new=True)
+                member = None
         for sub_id, receiver in receivers.items():
             receiver.last_sent = group.last_sent
             self._updates.append(SetLastSent(sub_id, group.last_sent))

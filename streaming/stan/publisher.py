@@ -114,7 +114,12 @@ class Publisher:
                 while self._queue and not self._paused:
                     batch = self._queue[: self._max_batch]
                     del self._queue[: self._max_batch]
-                    await self._commit(batch)
+                    try:
+                        await self._commit(batch)
+                    except Exception:
+                        # A bug must cost this batch its PubAcks (clients retry), not the server.
+                        log.exception("publish commit failed; %d publishes not acknowledged", len(batch))
+                        self._done(batch)
         finally:
             # Shutting down: what was accepted is still stored (clients may or may not get the PubAck).
             with trio.move_on_after(10, shield=True):
@@ -143,6 +148,9 @@ class Publisher:
             if p.ack_subject:
                 error = refused.get(p.channel) or errors.get(id(p), "")
                 send(p.ack_subject, pb.PubAck(guid=p.guid, error=error).SerializeToString())
+        self._done(batch)
+
+    def _done(self, batch: list[Publish]) -> None:
         self._committed += len(batch)
         self._progress.set()
         self._progress = trio.Event()
@@ -165,13 +173,13 @@ class Publisher:
     async def _create_channels(self, names: set[str]) -> dict[str, str]:
         refused: dict[str, str] = {}
         for name in names:
-            if self._store.channel_info(name) is None:
-                try:
+            try:
+                if self._store.channel_info(name) is None:  # raises for a name that clashes in case
                     await self._call(partial(self._store.ensure_channel, name))
-                except ChannelError as exc:
-                    refused[name] = str(exc)
-                except StoreError as exc:
-                    refused[name] = f"stan: store error: {exc}"
+            except ChannelError as exc:
+                refused[name] = str(exc)
+            except StoreError as exc:
+                refused[name] = f"stan: store error: {exc}"
         return refused
 
     async def _call(self, fn: Callable[[], T]) -> T:

@@ -20,7 +20,11 @@ _CLIENT_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 
 
 class InvalidRequest(Exception):
-    """str() is the error to put in the response."""
+    """str() is the error to put in the response; `guid` that of a PubMsg that did parse."""
+
+    def __init__(self, text: str, guid: str = "") -> None:
+        super().__init__(text)
+        self.guid = guid
 
 
 def valid_client_id(client_id: str) -> bool:
@@ -52,7 +56,7 @@ def parse_connect(payload: bytes) -> pb.ConnectRequest:
 
 
 def parse_publish(payload: bytes) -> pb.PubMsg:
-    """Raises InvalidRequest; the guid (if the message parsed) is in `exc.args[1]`."""
+    """Raises InvalidRequest (with the guid, if the message parsed)."""
     try:
         message: pb.PubMsg = pb.PubMsg.FromString(payload)
     except (DecodeError, ValueError, RuntimeError) as exc:

@@ -382,7 +382,7 @@ class StanServer:
             message = parse_publish(payload)
         except InvalidRequest as exc:
             if reply:
-                self._send(reply, pb.PubAck(guid=exc.args[1], error=str(exc)).SerializeToString())
+                self._send(reply, pb.PubAck(guid=exc.guid, error=str(exc)).SerializeToString())
             return None
         error = ""
         if message.connID:
@@ -430,11 +430,12 @@ class StanServer:
                 raise RequestError(errors.UNKNOWN_CLIENT)
             if request.channel in self.runtime.deleting:
                 raise RequestError(errors.CHANNEL_BEING_DELETED)
-            if self.store.channel_info(request.channel) is None:
-                try:  # created off the event loop (an fsynced write), before the engine needs it
+            try:
+                if self.store.channel_info(request.channel) is None:
+                    # Created off the event loop (an fsynced write), before the engine needs it.
                     await self._call(partial(self.store.ensure_channel, request.channel))
-                except ChannelError as exc:
-                    raise RequestError(str(exc)) from exc
+            except ChannelError as exc:  # too many channels, a name clashing in case
+                raise RequestError(str(exc)) from exc
             sub_id = self.engine.subscribe(request, trio.current_time(), time.time_ns())
         except (InvalidRequest, RequestError) as exc:
             self._respond(reply, pb.SubscriptionResponse(error=str(exc)))
@@ -452,7 +453,11 @@ class StanServer:
         # Synchronous, so acks that arrived before it on this connection were applied first (§3.13).
         try:
             request = parse_unsubscribe(payload)
-            if self.store.channel_info(request.subject) is None:
+            try:
+                known = self.store.channel_info(request.subject) is not None
+            except ChannelError:
+                known = False
+            if not known:
                 raise RequestError(errors.UNKNOWN_CHANNEL_TEXT)
             sub_id = self.engine.sub_for_ack_inbox(request.inbox)
             if sub_id is None:

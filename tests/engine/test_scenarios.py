@@ -122,6 +122,23 @@ def test_20_stalled_delivery(kind: str) -> None:
     assert h.take(sub) == [], "nothing was redelivered"
 
 
+def test_queue_members_take_turns_when_equally_loaded() -> None:
+    # One message at a time, acked before the next: both members are idle at every pick, so they
+    # must alternate (a pick that is not used for a message must not rotate the group).
+    h = Harness()
+    h.client()
+    a = h.subscribe(queue="g")
+    b = h.subscribe(queue="g")
+    got: dict[int, list[int]] = {a: [], b: []}
+    for _ in range(10):
+        h.publish("foo", b"x")
+        for member in (a, b):
+            seqs = h.seqs(member)
+            got[member] += seqs
+            h.ack(member, *seqs)
+    assert got == {a: [1, 3, 5, 7, 9], b: [2, 4, 6, 8, 10]}
+
+
 def test_21_queue_max_inflight_and_unstalled_on_acks() -> None:
     h = Harness()
     h.client()

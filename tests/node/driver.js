@@ -1,0 +1,95 @@
+// Drives node-nats-streaming (a STAN client we did not write) through one scenario against our server.
+// Usage: node driver.js <scenario> <port> <channel>. Prints one JSON line: {"ok": true, ...} or {"ok": false, "error": ...}.
+'use strict';
+const stan = require('node-nats-streaming');
+
+const [scenario, port, channel] = process.argv.slice(2);
+const url = `nats://127.0.0.1:${port}`;
+const done = (result) => { console.log(JSON.stringify(Object.assign({ ok: true }, result))); process.exit(0); };
+const fail = (error) => { console.log(JSON.stringify({ ok: false, error: String(error) })); process.exit(1); };
+setTimeout(() => fail(`scenario ${scenario} timed out`), 20000);
+
+function connect(clientID) {
+  return new Promise((resolve, reject) => {
+    const sc = stan.connect('test-cluster', clientID, { url, connectTimeout: 5000 });
+    sc.on('connect', () => resolve(sc));
+    sc.on('error', reject);
+  });
+}
+function publish(sc, subject, data) {
+  return new Promise((resolve, reject) => sc.publish(subject, data, (err, guid) => (err ? reject(err) : resolve(guid))));
+}
+function closed(sc) {
+  return new Promise((resolve) => { sc.on('close', resolve); sc.close(); });
+}
+function ready(sub) {
+  return new Promise((resolve, reject) => { sub.on('ready', resolve); sub.on('error', reject); });
+}
+function collect(sub, n, onMsg) {
+  return new Promise((resolve) => {
+    const got = [];
+    sub.on('message', (m) => {
+      got.push({ seq: m.getSequence(), redelivered: m.isRedelivered(), data: m.getData().toString() });
+      if (onMsg) onMsg(m, got);
+      if (got.length === n) resolve(got);
+    });
+  });
+}
+
+const scenarios = {
+  async publish(sc) {
+    const guids = [];
+    for (let i = 0; i < 20; i++) guids.push(await publish(sc, channel, `msg-${i}`));
+    return { published: guids.length, unique: new Set(guids).size };
+  },
+  async redelivery(sc) {
+    await publish(sc, channel, 'first');
+    const opts = sc.subscriptionOptions().setManualAckMode(true).setAckWait(1000).setDeliverAllAvailable();
+    const sub = sc.subscribe(channel, opts);
+    // Do not ack the first delivery; ack the redelivery.
+    const got = await collect(sub, 2, (m, seen) => { if (seen.length === 2) m.ack(); });
+    sub.unsubscribe();
+    return { got };
+  },
+  async durable(sc) {
+    for (let i = 1; i <= 3; i++) await publish(sc, channel, `m${i}`);
+    const opts = () => sc.subscriptionOptions().setManualAckMode(true).setDurableName('dur').setDeliverAllAvailable();
+    let sub = sc.subscribe(channel, opts());
+    const first = await collect(sub, 3, (m) => m.ack());
+    await new Promise((r) => { sub.on('closed', r); sub.close(); });
+    for (let i = 4; i <= 5; i++) await publish(sc, channel, `m${i}`);
+    sub = sc.subscribe(channel, opts());
+    const second = await collect(sub, 2, (m) => m.ack());
+    sub.unsubscribe();
+    return { first, second };
+  },
+  async queue(sc) {
+    const opts = () => sc.subscriptionOptions().setManualAckMode(true);
+    const a = sc.subscribe(channel, 'workers', opts());
+    const b = sc.subscribe(channel, 'workers', opts());
+    await Promise.all([ready(a), ready(b)]);
+    const seen = { a: [], b: [] };
+    const all = new Promise((resolve) => {
+      const on = (name) => (m) => { m.ack(); seen[name].push(m.getSequence()); if (seen.a.length + seen.b.length === 10) resolve(); };
+      a.on('message', on('a'));
+      b.on('message', on('b'));
+    });
+    for (let i = 0; i < 10; i++) await publish(sc, channel, `q${i}`);
+    await all;
+    await new Promise((r) => setTimeout(r, 300)); // nothing more may arrive
+    return seen;
+  },
+};
+
+(async () => {
+  const fn = scenarios[scenario];
+  if (!fn) fail(`unknown scenario ${scenario}`);
+  try {
+    const sc = await connect(`node-${scenario}-${process.pid}`);
+    const result = await fn(sc);
+    await closed(sc);
+    done(result);
+  } catch (e) {
+    fail(e && e.stack ? e.stack : e);
+  }
+})();

@@ -1,0 +1,160 @@
+"""Running the real server for tests: in this process under Trio, or as a separate process."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from streaming.config import ServerConfig
+from streaming.nats import protocol as p
+from streaming.server import Running, serve
+
+# Short heartbeats and millisecond AckWaits keep end-to-end tests fast.
+FAST: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "ack_wait_ms": True, "recovery_hold": 3.0}
+
+
+def config(directory: Path | None = None, **overrides: Any) -> ServerConfig:
+    values = dict(FAST, store="lmdb" if directory is not None else "memory", dir=str(directory or "unused"))
+    values.update(overrides)
+    return ServerConfig(**values)
+
+
+@asynccontextmanager
+async def running(cfg: ServerConfig) -> AsyncIterator[Running]:
+    async with trio.open_nursery() as nursery:
+        server: Running = await nursery.start(serve, cfg)
+        try:
+            yield server
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+class RawClient:
+    """A bare NATS connection for protocol tests: send bytes, read parsed events."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.parser = p.ClientConnection()
+        self.info: dict[str, Any] = {}
+
+    @classmethod
+    async def open(cls, port: int, connect: bytes = b"CONNECT {}\r\n") -> RawClient:
+        client = cls(await trio.open_tcp_stream("127.0.0.1", port))
+        info = await client.next()
+        assert isinstance(info, p.Info)
+        client.info = info.options
+        if connect:
+            await client.send(connect + b"PING\r\n")
+            reply = await client.next()
+            if reply == p.OK:  # verbose: +OK for the CONNECT comes first
+                reply = await client.next()
+            assert reply == p.PONG
+        return client
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def next(self) -> p.Event:
+        """The next event; raises EOFError when the server closed the connection."""
+        while True:
+            event = self.parser.next_event()
+            if not isinstance(event, p._NeedData):
+                return event
+            data = await self.stream.receive_some(65536)
+            if not data:
+                raise EOFError
+            self.parser.receive_data(data)
+
+    async def until_closed(self) -> list[p.Event]:
+        seen: list[p.Event] = []
+        try:
+            while True:
+                seen.append(await self.next())
+        except (EOFError, trio.BrokenResourceError):
+            return seen
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+@attrs.define
+class ServerProcess:
+    """`python -m streaming` in a child process, as users run it."""
+
+    args: list[str]
+    proc: subprocess.Popen[str] | None = None
+    port: int = 0
+    log: list[str] = attrs.Factory(list)
+
+    def start(self, timeout: float = 20.0) -> ServerProcess:
+        self.log = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "streaming", "-a", "127.0.0.1", *self.args],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        found = threading.Event()
+
+        def pump() -> None:
+            assert self.proc is not None and self.proc.stderr is not None
+            for line in self.proc.stderr:
+                self.log.append(line.rstrip())
+                match = re.search(r"Listening for client connections on [^:]+:(\d+)", line)
+                if match:
+                    self.port = int(match.group(1))
+                    found.set()
+            found.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not found.wait(timeout) or not self.port:
+            self.stop()
+            raise RuntimeError("server did not start:\n" + "\n".join(self.log))
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+
+@contextmanager
+def server_process(*args: str) -> Iterator[ServerProcess]:
+    server = ServerProcess(["-p", "0", *args]).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def wait_for(predicate: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        time.sleep(0.02)

@@ -1,0 +1,141 @@
+"""The embedded NATS broker over real TCP: framing, routing, errors, slow consumers."""
+
+from __future__ import annotations
+
+import random
+
+import trio
+
+from streaming.nats import protocol as p
+from tests.wire.servers import RawClient, config, running
+
+
+async def test_info_has_what_clients_need() -> None:
+    async with running(config()) as server:
+        client = await RawClient.open(server.port)
+        assert client.info["max_payload"] == 1024 * 1024
+        assert client.info["headers"] is False and client.info["proto"] == 1
+        await client.aclose()
+
+
+async def test_routing_wildcards_queues_and_verbose() -> None:
+    async with running(config()) as server:
+        sub = await RawClient.open(server.port, b'CONNECT {"verbose":true}\r\n')
+        await sub.send(b"SUB foo.* 1\r\nSUB foo.> 2\r\nSUB foo.bar q 3\r\nSUB foo.bar q 4\r\nPING\r\n")
+        for _ in range(4):
+            assert await sub.next() == p.OK
+        assert await sub.next() == p.PONG
+        pub = await RawClient.open(server.port)
+        await pub.send(b"PUB foo.bar reply 2\r\nhi\r\nPUB foo.bar.baz 0\r\n\r\nPING\r\n")
+        assert await pub.next() == p.PONG
+        got = [await sub.next() for _ in range(4)]
+        assert all(isinstance(m, p.Msg) for m in got)
+        msgs = [m for m in got if isinstance(m, p.Msg)]
+        assert sorted((m.sid, m.subject, m.payload) for m in msgs if m.sid in ("1", "2")) == [
+            ("1", "foo.bar", b"hi"),
+            ("2", "foo.bar", b"hi"),
+            ("2", "foo.bar.baz", b""),
+        ]
+        assert len([m for m in msgs if m.sid in ("3", "4")]) == 1  # one queue member
+        assert all(m.reply == "reply" for m in msgs if m.subject == "foo.bar")
+
+
+async def test_unsub_with_max_and_echo_off() -> None:
+    async with running(config()) as server:
+        c = await RawClient.open(server.port, b'CONNECT {"echo":false}\r\n')
+        other = await RawClient.open(server.port)
+        await other.send(b"SUB x 1\r\nUNSUB 1 2\r\nPING\r\n")
+        assert await other.next() == p.PONG
+        await c.send(b"SUB x 9\r\n" + b"PUB x 1\r\na\r\n" * 3 + b"PING\r\n")
+        assert await c.next() == p.PONG  # nothing of its own came back (echo off)
+        await other.send(b"PING\r\n")
+        got = [await other.next() for _ in range(3)]
+        assert [type(e) for e in got] == [p.Msg, p.Msg, p.Pong]  # auto-unsubscribed after two
+
+
+async def test_errors_are_quoted_and_only_the_offender_is_closed() -> None:
+    async with running(config(max_payload=1000)) as server:
+        bystander = await RawClient.open(server.port)
+        await bystander.send(b"SUB ok 1\r\nPING\r\n")
+        assert await bystander.next() == p.PONG
+
+        bad_subject = await RawClient.open(server.port)
+        await bad_subject.send(b"SUB foo..bar 1\r\nPING\r\n")
+        assert await bad_subject.next() == p.Err("Invalid Subject")
+        assert await bad_subject.next() == p.PONG  # still connected
+
+        for data, text in [
+            (b"HELLO\r\n", "Unknown Protocol Operation"),
+            (b"PUB foo 5000\r\n", "Maximum Payload Violation"),
+            (b"SUB " + b"a" * 5000 + b" 1\r\n", "maximum control line exceeded"),
+        ]:
+            offender = await RawClient.open(server.port)
+            await offender.send(data)
+            assert await offender.until_closed() == [p.Err(text)]
+
+        await bystander.send(b"PUB ok 2\r\nhi\r\nPING\r\n")
+        assert await bystander.next() == p.Msg("ok", "1", "", b"hi")
+        assert await bystander.next() == p.PONG
+
+
+async def test_random_bytes_never_hurt_other_clients() -> None:
+    rng = random.Random(4)
+    async with running(config()) as server:
+        bystander = await RawClient.open(server.port)
+        await bystander.send(b"SUB ok 1\r\n")
+        for i in range(40):
+            junk = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 400)))
+            if i % 3 == 0:  # garbage that starts like a real operation
+                junk = rng.choice([b"PUB x ", b"SUB ", b"CONNECT ", b"UNSUB ", b"MSG "]) + junk
+            offender = await RawClient.open(server.port, connect=b"")
+            await offender.send(junk + b"\r\n")
+            with trio.move_on_after(0.5):
+                events = await offender.until_closed()
+                errs = [e for e in events if isinstance(e, p.Err)]
+                assert all(e.text for e in errs)
+            await offender.aclose()
+            await bystander.send(b"PUB ok %d\r\n%d\r\nPING\r\n" % (len(str(i)), i))
+            assert await bystander.next() == p.Msg("ok", "1", "", str(i).encode())
+            assert await bystander.next() == p.PONG
+
+
+async def test_slow_consumer_is_cut_off_and_nobody_else_notices() -> None:
+    async with running(config(max_pending=256 * 1024)) as server:
+        slow = await RawClient.open(server.port)
+        await slow.send(b"SUB firehose 1\r\nPING\r\n")
+        assert await slow.next() == p.PONG
+        # Shrink the slow reader's receive buffer so the kernel does not soak up the excess.
+        fast = await RawClient.open(server.port)
+        await fast.send(b"SUB firehose 1\r\nPING\r\n")
+        assert await fast.next() == p.PONG
+        publisher = await RawClient.open(server.port)
+        payload = b"x" * 8192
+        count = 2000  # 16 MB: far beyond what the slow client's socket buffers and 256 KiB hold
+
+        async def read_all() -> int:
+            n = 0
+            while n < count:
+                event = await fast.next()
+                n += isinstance(event, p.Msg)
+            return n
+
+        async with trio.open_nursery() as nursery:
+            received: list[int] = []
+
+            async def reader() -> None:
+                received.append(await read_all())
+
+            nursery.start_soon(reader)
+            for _ in range(count // 100):
+                await publisher.send(
+                    b"PUB firehose 8192\r\n"
+                    + payload
+                    + b"\r\n" * 1
+                    + ((b"PUB firehose 8192\r\n" + payload + b"\r\n") * 99)
+                )
+            await publisher.send(b"PING\r\n")
+            assert await publisher.next() == p.PONG
+        assert received == [count]
+        assert server.broker.statistics().slow_consumers >= 1
+        events = await slow.until_closed()
+        assert p.Err("Slow Consumer") in events or len(events) < count + 1

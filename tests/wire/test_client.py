@@ -1,0 +1,231 @@
+"""Our Trio client against the real server over TCP: the features users rely on, end to end."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import trio
+
+from streaming.client import Msg, StanClient, StanError, StartPosition, Subscription, connect
+from streaming.server import Running
+from tests.wire.servers import config, running
+
+CID = "test-cluster"
+
+
+async def take(sub: Subscription, n: int, within: float = 5.0) -> list[Msg]:
+    with trio.fail_after(within):
+        return [await sub.next_msg() for _ in range(n)]
+
+
+async def nothing_more(sub: Subscription, wait: float = 0.3) -> None:
+    with trio.move_on_after(wait):
+        msg = await sub.next_msg()
+        raise AssertionError(f"unexpected {msg}")
+
+
+async def test_publish_and_subscribe() -> None:
+    async with running(config()) as server, connect(CID, "me", port=server.port) as sc:
+        assert await sc.publish("foo", b"one")
+        futures = [await sc.publish_async("foo", b"%d" % i) for i in range(2000)]
+        assert len({await f.wait() for f in futures}) == 2000
+        async with sc.subscribe("foo", start_at=StartPosition.FIRST) as sub:
+            got = await take(sub, 2001)
+            assert [m.seq for m in got] == list(range(1, 2002))
+            assert got[0].data == b"one" and got[-1].data == b"1999" and not any(m.redelivered for m in got)
+            await sc.publish("foo", b"live")
+            (live,) = await take(sub, 1)
+            assert live.seq == 2002 and live.data == b"live"
+
+
+async def test_ackwait_redelivery_and_ack() -> None:
+    async with running(config()) as server, connect(CID, "me", port=server.port) as sc:
+        async with sc.subscribe("foo", manual_ack=True, ack_wait=0.2) as sub:
+            await sc.publish("foo", b"x")
+            (first,) = await take(sub, 1)
+            assert not first.redelivered and first.attempt == 1
+            (again,) = await take(sub, 1)  # not acked: back after AckWait
+            assert again.seq == first.seq and again.redelivered and again.redelivery_count == 1
+            again.ack()
+            await nothing_more(sub, 0.5)
+
+
+async def test_max_inflight_holds_back_until_acks() -> None:
+    async with running(config()) as server, connect(CID, "me", port=server.port) as sc:
+        for i in range(10):
+            await sc.publish("foo", b"%d" % i)
+        async with sc.subscribe("foo", manual_ack=True, max_inflight=3, start_at=StartPosition.FIRST) as sub:
+            got = await take(sub, 3)
+            await nothing_more(sub)
+            got[0].ack()
+            (fourth,) = await take(sub, 1)
+            assert fourth.seq == 4
+            await nothing_more(sub)
+
+
+async def test_durable_resume_after_close() -> None:
+    async with running(config()) as server, connect(CID, "me", port=server.port) as sc:
+        for i in range(1, 4):
+            await sc.publish("foo", b"%d" % i)
+        async with sc.subscribe(
+            "foo", durable="dur", manual_ack=True, start_at=StartPosition.FIRST, close_on_exit=True
+        ) as sub:
+            got = await take(sub, 3)
+            got[0].ack()
+            got[2].ack()  # seq 2 stays pending
+        await sc.publish("foo", b"4")
+        async with sc.subscribe("foo", durable="dur", manual_ack=True, start_at=StartPosition.NEW_ONLY) as sub:
+            got = await take(sub, 2)
+            assert [(m.seq, m.redelivered) for m in got] == [(2, True), (4, False)]
+            for m in got:
+                m.ack()
+        # That block unsubscribed: the durable is gone, a new one honours its start position.
+        async with sc.subscribe("foo", durable="dur", start_at=StartPosition.FIRST) as sub:
+            assert [m.seq for m in await take(sub, 4)] == [1, 2, 3, 4]
+
+
+async def test_queue_member_leaving_hands_its_messages_to_the_others() -> None:
+    async with (
+        running(config()) as server,
+        connect(CID, "a", port=server.port) as a,
+        connect(CID, "b", port=server.port) as b,
+    ):
+        sub_a = await a.open_subscription("work", queue="q", manual_ack=True, ack_wait=60)
+        async with b.subscribe("work", queue="q", manual_ack=True, ack_wait=60) as sub_b:
+            for i in range(6):
+                await a.publish("work", b"%d" % i)
+            with trio.fail_after(5):
+                while sub_a.pending() + sub_b.pending() < 6:
+                    await trio.sleep(0.01)
+            held_by_a = [m.seq for m in await take(sub_a, sub_a.pending())]
+            assert held_by_a, "round-robin gives both members messages"
+            got_b = await take(sub_b, sub_b.pending())
+            for m in got_b:
+                m.ack()
+            started = trio.current_time()
+            await sub_a.close()  # leaves with its messages unacked (AckWait is a minute)
+            moved = await take(sub_b, len(held_by_a), within=2)
+            assert sorted(m.seq for m in moved) == held_by_a and all(m.redelivered for m in moved)
+            assert trio.current_time() - started < 1.0
+
+
+async def test_client_survives_tcp_drop_and_keeps_its_session() -> None:
+    async with running(config()) as server, connect(CID, "me", port=server.port, reconnect_wait_s=0.1) as sc:
+        async with sc.subscribe("foo", manual_ack=True, ack_wait=0.3) as sub:
+            await sc.publish("foo", b"before")
+            (msg,) = await take(sub, 1)
+            msg.ack()
+            reconnects = sc.nats.reconnects
+            await drop_connections(server)
+            with trio.fail_after(5):
+                while sc.nats.reconnects == reconnects:
+                    await trio.sleep(0.01)
+            await sc.publish("foo", b"after")
+            (msg,) = await take(sub, 1)
+            assert msg.data == b"after" and msg.seq == 2
+            msg.ack()
+            await nothing_more(sub, 0.6)
+
+
+async def drop_connections(server: Running) -> None:
+    for conn in list(server.broker._conns.values()):
+        await trio.aclose_forcefully(conn.stream)
+
+
+async def test_redelivered_copies_of_acked_or_queued_messages_are_suppressed() -> None:
+    async with running(config()) as server, connect(CID, "me", port=server.port, reconnect_wait_s=0.1) as sc:
+        async with sc.subscribe("foo", manual_ack=True, ack_wait=0.1) as sub:
+            await sc.publish("foo", b"slow")
+            await trio.sleep(0.55)  # the application is busy: copies pile up after each AckWait
+            (msg,) = await take(sub, 1)
+            assert sub.suppressed >= 3 and sub.pending() == 0
+            msg.ack()
+            await nothing_more(sub, 0.3)
+
+            # An ack lost with the TCP connection: the redelivery is dropped here and re-acknowledged.
+            await sc.publish("foo", b"lost-ack")
+            (msg,) = await take(sub, 1)
+            await drop_connections(server)
+            msg.ack()  # goes nowhere: we are disconnected
+            before = sub.suppressed
+            with trio.fail_after(5):
+                while sub.suppressed == before:
+                    await trio.sleep(0.02)
+            await nothing_more(sub, 0.3)
+            engine = server.stan.engine
+            (sub_id,) = engine.subscriptions()
+            assert engine.pending(sub_id) == {}
+
+
+async def test_queue_members_suppress_copies_of_acked_messages() -> None:
+    async with running(config()) as server, connect(CID, "me", port=server.port, reconnect_wait_s=0.1) as sc:
+        async with sc.subscribe("foo", queue="q", manual_ack=True, ack_wait=0.15) as sub:
+            await sc.publish("foo", b"x")
+            (msg,) = await take(sub, 1)
+            await drop_connections(server)
+            msg.ack()
+            with trio.fail_after(5):
+                while sub.suppressed == 0:
+                    await trio.sleep(0.02)
+            await nothing_more(sub, 0.3)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def test_restart_recovery_redelivers_pending_before_new(tmp_path: Path) -> None:
+    port = free_port()
+    cfg = config(tmp_path / "data", port=port)
+    async with trio.open_nursery() as nursery:
+        from streaming.server import serve
+
+        scope = trio.CancelScope()
+
+        async def first_run(task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED) -> None:
+            with scope:
+                await serve(cfg, task_status=task_status)
+
+        await nursery.start(first_run)
+        async with connect(CID, "me", port=port, reconnect_wait_s=0.1) as sc:
+            sub = await sc.open_subscription("foo", manual_ack=True, ack_wait=60, durable="d")
+            for i in range(1, 6):
+                await sc.publish("foo", b"%d" % i)
+            got = await take(sub, 5)
+            got[0].ack()
+            got[1].ack()
+            await sc.nats.flush()
+            await trio.sleep(0.2)  # the acks reach the store
+            scope.cancel()  # the server stops; the client keeps reconnecting
+            await trio.sleep(0.3)
+            running_again = await nursery.start(serve, cfg)
+            await sc.publish("foo", b"6")  # waits for the reconnect and the recovery hold
+            await sc.publish("foo", b"7")
+            after = await take(sub, 5)
+            assert [(m.seq, m.redelivered) for m in after] == [(3, True), (4, True), (5, True), (6, False), (7, False)]
+            for m in after:
+                m.ack()
+            await nothing_more(sub)
+            await sub.unsubscribe()
+            assert running_again.store.channel_info("foo") is not None
+        nursery.cancel_scope.cancel()
+
+
+async def test_requests_to_a_closed_client_fail_clearly() -> None:
+    async with running(config()) as server, connect(CID, "me", port=server.port) as sc:
+        await sc.close()
+        with pytest.raises(Exception, match="closed"):
+            await sc.publish("foo", b"x")
+    assert isinstance(sc, StanClient)
+
+
+async def test_unknown_cluster_id_times_out_with_the_stan_message() -> None:
+    async with running(config()) as server:
+        with pytest.raises(StanError, match="connect request timeout"):
+            async with connect("other-cluster", "me", port=server.port, request_timeout_s=0.5):
+                pass
