@@ -158,3 +158,14 @@ def wait_for(predicate: Any, timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("condition not reached")
         time.sleep(0.02)
+
+
+async def eventually(predicate: Any, within: float = 5.0) -> None:
+    """Wait (real time, over real sockets) until predicate() holds; fails after `within` seconds.
+
+    Polling is the honest way to watch state another process or socket changes; nothing here can
+    signal an Event for it.
+    """
+    with trio.fail_after(within):
+        while not predicate():  # noqa: ASYNC110 - see the docstring
+            await trio.sleep(0.01)

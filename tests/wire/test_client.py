@@ -10,7 +10,7 @@ import trio
 
 from streaming.client import Msg, StanClient, StanError, StartPosition, Subscription, connect
 from streaming.server import Running
-from tests.wire.servers import config, running
+from tests.wire.servers import config, eventually, running
 
 CID = "test-cluster"
 
@@ -96,9 +96,7 @@ async def test_queue_member_leaving_hands_its_messages_to_the_others() -> None:
         async with b.subscribe("work", queue="q", manual_ack=True, ack_wait=60) as sub_b:
             for i in range(6):
                 await a.publish("work", b"%d" % i)
-            with trio.fail_after(5):
-                while sub_a.pending() + sub_b.pending() < 6:
-                    await trio.sleep(0.01)
+            await eventually(lambda: sub_a.pending() + sub_b.pending() >= 6)
             held_by_a = [m.seq for m in await take(sub_a, sub_a.pending())]
             assert held_by_a, "round-robin gives both members messages"
             got_b = await take(sub_b, sub_b.pending())
@@ -119,9 +117,7 @@ async def test_client_survives_tcp_drop_and_keeps_its_session() -> None:
             msg.ack()
             reconnects = sc.nats.reconnects
             await drop_connections(server)
-            with trio.fail_after(5):
-                while sc.nats.reconnects == reconnects:
-                    await trio.sleep(0.01)
+            await eventually(lambda: sc.nats.reconnects > reconnects)
             await sc.publish("foo", b"after")
             (msg,) = await take(sub, 1)
             assert msg.data == b"after" and msg.seq == 2
@@ -150,9 +146,7 @@ async def test_redelivered_copies_of_acked_or_queued_messages_are_suppressed() -
             await drop_connections(server)
             msg.ack()  # goes nowhere: we are disconnected
             before = sub.suppressed
-            with trio.fail_after(5):
-                while sub.suppressed == before:
-                    await trio.sleep(0.02)
+            await eventually(lambda: sub.suppressed > before)
             await nothing_more(sub, 0.3)
             engine = server.stan.engine
             (sub_id,) = engine.subscriptions()
@@ -166,9 +160,7 @@ async def test_queue_members_suppress_copies_of_acked_messages() -> None:
             (msg,) = await take(sub, 1)
             await drop_connections(server)
             msg.ack()
-            with trio.fail_after(5):
-                while sub.suppressed == 0:
-                    await trio.sleep(0.02)
+            await eventually(lambda: sub.suppressed > 0)
             await nothing_more(sub, 0.3)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -64,7 +66,7 @@ def test_any_split_gives_the_same_events(cuts: list[int]) -> None:
     conn = p.ServerConnection()
     out: list[p.Event] = []
     bounds = [0, *sorted(set(cuts)), len(CLIENT_BYTES)]
-    for start, end in zip(bounds, bounds[1:], strict=False):
+    for start, end in itertools.pairwise(bounds):
         out += events(conn, CLIENT_BYTES[start:end])
     assert out == EXPECTED
 
