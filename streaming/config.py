@@ -137,6 +137,7 @@ class ServerConfig:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.hb_fail_count < 0 or self.max_payload <= 0 or self.max_pending <= 0:
             raise ConfigError("hb_fail_count must be >= 0; max_payload and max_pending must be positive")
+        self.store_limits()
 
     def store_limits(self) -> StoreLimits:
         """The store's limits (raises ConfigError for values it refuses)."""
@@ -148,7 +149,7 @@ class ServerConfig:
                 per_channel={name: _channel_limits(c) for name, c in self.channels.items()},
             )
         except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
+            raise ConfigError(f"limits: {exc}") from exc
 
 
 def _channel_limits(c: LimitsConfig | ChannelConfig) -> ChannelLimits:

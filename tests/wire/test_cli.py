@@ -1,0 +1,109 @@
+"""The `streaming-server` and `streaming` commands as a user runs them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streaming.config import ConfigError, load
+from tests.wire.servers import ServerProcess, server_process
+
+
+def streaming(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from streaming.cli import client_main; raise SystemExit(client_main())", *args],
+        input=stdin, capture_output=True, text=True, timeout=60, check=False,
+    )
+
+
+def test_pub_and_sub_commands(tmp_path: Path) -> None:
+    with server_process("--dir", str(tmp_path / "data"), "--ack_wait_ms") as server:
+        where = f"127.0.0.1:{server.port}"
+        done = streaming("-s", where, "pub", "greetings", "hello", "world")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.count("published") == 2
+        done = streaming("-s", where, "-id", "tester", "sub", "greetings", "--all", "--count", "2", "--durable", "d",
+                         "--manual_ack")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == [
+            "[#1] redelivered=false attempt=1: hello",
+            "[#2] redelivered=false attempt=1: world",
+        ]
+        done = streaming("-s", where, "pub", "greetings", stdin="from stdin\n")
+        assert done.returncode == 0 and "from stdin" in done.stdout
+        # The durable (its key includes the client ID) resumes where it stopped.
+        done = streaming("-s", where, "-id", "tester", "sub", "greetings", "--count", "1", "--durable", "d",
+                         "--unsubscribe")
+        assert done.stdout.splitlines() == ["[#3] redelivered=false attempt=1: from stdin"]
+
+
+def test_sub_without_ack_shows_redeliveries(tmp_path: Path) -> None:
+    with server_process("--store", "memory") as server:
+        where = f"127.0.0.1:{server.port}"
+        assert streaming("-s", where, "pub", "jobs", "job-1").returncode == 0
+        done = streaming("-s", where, "sub", "jobs", "--all", "--count", "3", "--manual_ack", "--no_ack",
+                         "--ack_wait", "1s")
+        assert done.stdout.splitlines() == [
+            "[#1] redelivered=false attempt=1: job-1",
+            "[#1] redelivered=true attempt=2: job-1",
+            "[#1] redelivered=true attempt=3: job-1",
+        ]
+
+
+def test_client_reports_unreachable_server() -> None:
+    done = streaming("-s", "127.0.0.1:1", "pub", "x", "y")
+    assert done.returncode == 1 and "cannot connect" in done.stderr
+
+
+def test_server_shuts_down_cleanly_on_sigterm(tmp_path: Path) -> None:
+    server = ServerProcess(["-p", "0", "--dir", str(tmp_path / "data")]).start()
+    assert server.stop() == 0
+    assert any("server stopped" in line for line in server.log)
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("prot = 4222\n", "extra fields found (prot) @ config"),
+        ("[limits]\nmax_agee = '1h'\n", "extra fields found (max_agee) @ config.limits"),
+        ("[channels.'orders.*']\nmax_msg = 5\n", "extra fields found (max_msg) @ config.channels['orders.*']"),
+        ("hb_interval = 'soon'\n", "@ config.hb_interval"),
+        ("port = 'x'\n", "@ config.port"),
+        ("store = 'sql'\n", "store: expected 'lmdb' or 'memory'"),
+        ("[limits]\nmax_msgs = -1\n", "global limit max_msgs must be >= 0"),
+        ("port = \n", "invalid TOML"),
+    ],
+)
+def test_bad_config_names_the_key(tmp_path: Path, toml: str, message: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(toml)
+    done = subprocess.run([sys.executable, "-m", "streaming", "-c", str(path)], capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert done.returncode == 2
+    assert message in done.stderr and str(path) in done.stderr
+
+
+def test_config_file_with_flag_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "server.toml"
+    path.write_text(
+        "cluster_id = 'prod'\nport = 4333\nhb_interval = '1m30s'\nmax_payload = '2MB'\n"
+        "[limits]\nmax_age = '24h'\nmax_msgs = 500\n"
+        "[channels.'orders.>']\nmax_msgs = -1\n"
+    )
+    config = load(path, {"port": 0, "max_msgs": 10})
+    assert (config.cluster_id, config.port, config.hb_interval, config.max_payload) == ("prod", 0, 90.0, 2_000_000)
+    limits = config.store_limits()
+    assert limits.channel.max_msgs == 10 and limits.channel.max_age_s == 86400
+    assert limits.for_channel("orders.eu").max_msgs == 0  # negative per channel = unlimited
+    with pytest.raises(ConfigError, match="cannot read"):
+        load(tmp_path / "missing.toml")
+
+
+def test_data_directory_in_use_is_refused(tmp_path: Path) -> None:
+    with server_process("--dir", str(tmp_path / "data")):
+        done = subprocess.run([sys.executable, "-m", "streaming", "-p", "0", "--dir", str(tmp_path / "data")],
+                              capture_output=True, text=True, timeout=30, check=False)
+        assert done.returncode == 1 and "in use by another process" in done.stderr

@@ -1,0 +1,122 @@
+"""Clients nobody on the team wrote, against the server as users run it (`python -m streaming`):
+nats-py on the embedded NATS broker, and node-nats-streaming (npm) on the STAN layer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats
+import pytest
+
+from tests.wire.servers import ServerProcess, server_process
+
+NODE_DIR = Path(__file__).parent.parent / "node"
+
+
+def test_nats_py_pub_sub_wildcards_queues_request_reply() -> None:
+    async def scenario(port: int) -> None:
+        nc = await nats.connect(f"nats://127.0.0.1:{port}", allow_reconnect=False)
+        try:
+            star = await nc.subscribe("orders.*")
+            tail = await nc.subscribe("orders.>")
+            q1 = await nc.subscribe("jobs", queue="workers")
+            q2 = await nc.subscribe("jobs", queue="workers")
+
+            async def echo(msg: nats.aio.msg.Msg) -> None:
+                await msg.respond(b"echo:" + msg.data)
+
+            await nc.subscribe("svc.echo", cb=echo)
+            await nc.publish("orders.new", b"1")
+            await nc.publish("orders.eu.new", b"2")
+            for i in range(20):
+                await nc.publish("jobs", b"%d" % i)
+            reply = await nc.request("svc.echo", b"ping", timeout=2)
+            assert reply.data == b"echo:ping"
+            old_style = await nc.request("svc.echo", b"old", timeout=2, old_style=True)
+            assert old_style.data == b"echo:old"
+            await nc.flush()
+            assert (await star.next_msg(timeout=2)).subject == "orders.new"
+            assert [(await tail.next_msg(timeout=2)).data for _ in range(2)] == [b"1", b"2"]
+            with pytest.raises(nats.errors.TimeoutError):
+                await star.next_msg(timeout=0.2)  # orders.eu.new is two tokens: not for `*`
+            assert q1.pending_msgs + q2.pending_msgs == 20
+        finally:
+            await nc.close()
+
+    with server_process("--store", "memory") as server:
+        asyncio.run(scenario(server.port))
+
+
+def test_nats_py_sees_max_payload_and_is_refused_beyond_it() -> None:
+    async def scenario(port: int) -> None:
+        nc = await nats.connect(f"nats://127.0.0.1:{port}", allow_reconnect=False)
+        try:
+            assert nc.max_payload == 1024 * 1024
+            with pytest.raises(nats.errors.MaxPayloadError):
+                await nc.publish("big", b"x" * (1024 * 1024 + 1))
+        finally:
+            await nc.close()
+
+    with server_process("--store", "memory") as server:
+        asyncio.run(scenario(server.port))
+
+
+def _node_ready() -> bool:
+    return shutil.which("node") is not None and (NODE_DIR / "node_modules" / "node-nats-streaming").is_dir()
+
+
+def run_node(scenario: str, port: int, channel: str) -> dict[str, object]:
+    done = subprocess.run(
+        ["node", str(NODE_DIR / "driver.js"), scenario, str(port), channel],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"node printed nothing useful:\nstdout:{done.stdout}\nstderr:{done.stderr}"
+    result: dict[str, object] = json.loads(lines[-1])
+    assert result["ok"], result
+    return result
+
+
+node = pytest.mark.skipif(not _node_ready(), reason="run `npm ci --prefix tests/node` (CI does)")
+
+
+@pytest.fixture(scope="module")
+def lmdb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    data = tmp_path_factory.mktemp("node") / "data"
+    with server_process("--dir", str(data)) as server:
+        yield server
+
+
+@node
+def test_node_client_connects_and_publishes_with_acks(lmdb_server: ServerProcess) -> None:
+    assert run_node("publish", lmdb_server.port, "node.pub") == {"ok": True, "published": 20, "unique": 20}
+
+
+@node
+def test_node_client_manual_ack_and_ackwait_redelivery(lmdb_server: ServerProcess) -> None:
+    result = run_node("redelivery", lmdb_server.port, "node.redeliver")
+    assert result["got"] == [
+        {"seq": 1, "redelivered": False, "data": "first"},
+        {"seq": 1, "redelivered": True, "data": "first"},
+    ]
+
+
+@node
+def test_node_client_durable_resume_after_close(lmdb_server: ServerProcess) -> None:
+    result = run_node("durable", lmdb_server.port, "node.durable")
+    assert [m["seq"] for m in result["first"]] == [1, 2, 3]  # type: ignore[index,union-attr]
+    assert [(m["seq"], m["data"]) for m in result["second"]] == [(4, "m4"), (5, "m5")]  # type: ignore[index,union-attr]
+
+
+@node
+def test_node_client_queue_group_shares_the_work(lmdb_server: ServerProcess) -> None:
+    result = run_node("queue", lmdb_server.port, "node.queue")
+    a, b = result["a"], result["b"]
+    assert isinstance(a, list) and isinstance(b, list)
+    assert sorted(a + b) == list(range(1, 11))  # each message to exactly one member
+    assert a and b  # both members got work
