@@ -30,7 +30,7 @@ class NatsError(Exception):
     """The server answered with -ERR."""
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)  # one per message: not frozen (see streaming.nats.protocol.Pub); treat as immutable
 class NatsMsg:
     subject: str
     reply: str

@@ -31,11 +31,12 @@ def valid_client_id(client_id: str) -> bool:
     return _CLIENT_ID.match(client_id) is not None
 
 
+_CHANNEL = re.compile(r"[^./*>\s]+(\.[^./*>\s]+)*")
+
+
 def valid_channel(name: str) -> bool:
     """A channel name: a literal NATS subject without `/` (spec §3.4 step 2)."""
-    if not name or name[0] == "." or name[-1] == "." or ".." in name:
-        return False
-    return not any(c in name for c in "/*> \t\r\n")
+    return _CHANNEL.fullmatch(name) is not None
 
 
 def parse(message_type: type[Message], payload: bytes, error: str) -> Message:

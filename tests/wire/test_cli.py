@@ -15,7 +15,11 @@ from tests.wire.servers import ServerProcess, server_process
 def streaming(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", "from streaming.cli import client_main; raise SystemExit(client_main())", *args],
-        input=stdin, capture_output=True, text=True, timeout=60, check=False,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 
@@ -25,8 +29,9 @@ def test_pub_and_sub_commands(tmp_path: Path) -> None:
         done = streaming("-s", where, "pub", "greetings", "hello", "world")
         assert done.returncode == 0, done.stderr
         assert done.stdout.count("published") == 2
-        done = streaming("-s", where, "-id", "tester", "sub", "greetings", "--all", "--count", "2", "--durable", "d",
-                         "--manual_ack")
+        done = streaming(
+            "-s", where, "-id", "tester", "sub", "greetings", "--all", "--count", "2", "--durable", "d", "--manual_ack"
+        )
         assert done.returncode == 0, done.stderr
         assert done.stdout.splitlines() == [
             "[#1] redelivered=false attempt=1: hello",
@@ -35,8 +40,9 @@ def test_pub_and_sub_commands(tmp_path: Path) -> None:
         done = streaming("-s", where, "pub", "greetings", stdin="from stdin\n")
         assert done.returncode == 0 and "from stdin" in done.stdout
         # The durable (its key includes the client ID) resumes where it stopped.
-        done = streaming("-s", where, "-id", "tester", "sub", "greetings", "--count", "1", "--durable", "d",
-                         "--unsubscribe")
+        done = streaming(
+            "-s", where, "-id", "tester", "sub", "greetings", "--count", "1", "--durable", "d", "--unsubscribe"
+        )
         assert done.stdout.splitlines() == ["[#3] redelivered=false attempt=1: from stdin"]
 
 
@@ -44,8 +50,9 @@ def test_sub_without_ack_shows_redeliveries(tmp_path: Path) -> None:
     with server_process("--store", "memory") as server:
         where = f"127.0.0.1:{server.port}"
         assert streaming("-s", where, "pub", "jobs", "job-1").returncode == 0
-        done = streaming("-s", where, "sub", "jobs", "--all", "--count", "3", "--manual_ack", "--no_ack",
-                         "--ack_wait", "1s")
+        done = streaming(
+            "-s", where, "sub", "jobs", "--all", "--count", "3", "--manual_ack", "--no_ack", "--ack_wait", "1s"
+        )
         assert done.stdout.splitlines() == [
             "[#1] redelivered=false attempt=1: job-1",
             "[#1] redelivered=true attempt=2: job-1",
@@ -80,8 +87,9 @@ def test_server_shuts_down_cleanly_on_sigterm(tmp_path: Path) -> None:
 def test_bad_config_names_the_key(tmp_path: Path, toml: str, message: str) -> None:
     path = tmp_path / "bad.toml"
     path.write_text(toml)
-    done = subprocess.run([sys.executable, "-m", "streaming", "-c", str(path)], capture_output=True, text=True,
-                          timeout=30, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "streaming", "-c", str(path)], capture_output=True, text=True, timeout=30, check=False
+    )
     assert done.returncode == 2
     assert message in done.stderr and str(path) in done.stderr
 
@@ -104,6 +112,11 @@ def test_config_file_with_flag_overrides(tmp_path: Path) -> None:
 
 def test_data_directory_in_use_is_refused(tmp_path: Path) -> None:
     with server_process("--dir", str(tmp_path / "data")):
-        done = subprocess.run([sys.executable, "-m", "streaming", "-p", "0", "--dir", str(tmp_path / "data")],
-                              capture_output=True, text=True, timeout=30, check=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "streaming", "-p", "0", "--dir", str(tmp_path / "data")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         assert done.returncode == 1 and "in use by another process" in done.stderr

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import nats
+from nats.aio.msg import Msg
 import pytest
 
 from tests.wire.servers import ServerProcess, server_process
@@ -27,7 +28,7 @@ def test_nats_py_pub_sub_wildcards_queues_request_reply() -> None:
             q1 = await nc.subscribe("jobs", queue="workers")
             q2 = await nc.subscribe("jobs", queue="workers")
 
-            async def echo(msg: nats.aio.msg.Msg) -> None:
+            async def echo(msg: Msg) -> None:
                 await msg.respond(b"echo:" + msg.data)
 
             await nc.subscribe("svc.echo", cb=echo)
@@ -73,7 +74,10 @@ def _node_ready() -> bool:
 def run_node(scenario: str, port: int, channel: str) -> dict[str, object]:
     done = subprocess.run(
         ["node", str(NODE_DIR / "driver.js"), scenario, str(port), channel],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert lines, f"node printed nothing useful:\nstdout:{done.stdout}\nstderr:{done.stderr}"
@@ -109,8 +113,10 @@ def test_node_client_manual_ack_and_ackwait_redelivery(lmdb_server: ServerProces
 @node
 def test_node_client_durable_resume_after_close(lmdb_server: ServerProcess) -> None:
     result = run_node("durable", lmdb_server.port, "node.durable")
-    assert [m["seq"] for m in result["first"]] == [1, 2, 3]  # type: ignore[index,union-attr]
-    assert [(m["seq"], m["data"]) for m in result["second"]] == [(4, "m4"), (5, "m5")]  # type: ignore[index,union-attr]
+    first, second = result["first"], result["second"]
+    assert isinstance(first, list) and isinstance(second, list)
+    assert [m["seq"] for m in first] == [1, 2, 3]
+    assert [(m["seq"], m["data"]) for m in second] == [(4, "m4"), (5, "m5")]
 
 
 @node
