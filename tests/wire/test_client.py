@@ -221,3 +221,18 @@ async def test_unknown_cluster_id_times_out_with_the_stan_message() -> None:
         with pytest.raises(StanError, match="connect request timeout"):
             async with connect("other-cluster", "me", port=server.port, request_timeout_s=0.5):
                 pass
+
+
+async def test_publish_window_publish_nowait_and_wait_pub_acks() -> None:
+    async with running(config()) as server, connect(CID, "me", port=server.port, max_pub_acks_inflight=8) as sc:
+        futures = [sc.publish_nowait("foo", b"%d" % i) for i in range(8)]
+        with pytest.raises(trio.WouldBlock):
+            sc.publish_nowait("foo", b"too many")
+        await sc.wait_pub_acks()
+        assert [f.error for f in futures] == [""] * 8
+        assert await futures[0].wait() == futures[0].guid
+        later = [await sc.publish_async("foo", b"more") for _ in range(20)]  # waits for room by itself
+        await sc.wait_pub_acks()
+        assert all(f.done() and f.error == "" for f in later)
+        assert server.store.channel_info("foo") is not None
+        assert server.store.channel_info("foo").last_seq == 28  # type: ignore[union-attr]
