@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import nats
-from nats.aio.msg import Msg
 import pytest
+from nats.aio.msg import Msg
 
 from tests.wire.servers import ServerProcess, server_process
 
