@@ -550,6 +550,11 @@ class Engine:
             self._pump_group(group, now)
         self._recent.pop(channel, None)
 
+    def has_readers(self, channel: str) -> bool:
+        """Whether any online subscription or queue group on `channel` may want new messages (when
+        none does, a publisher need not build the messages for `on_appended`)."""
+        return bool(self._plain.get(channel) or self._groups.get(channel))
+
     def on_dropped(self, channel: str, dropped: range) -> None:
         """Messages evicted by limits leave every pending set and are never redelivered."""
         self._cache.clear()

@@ -117,8 +117,12 @@ class Publisher:
                     try:
                         await self._commit(batch)
                     except Exception:
-                        # A bug must cost this batch its PubAcks (clients retry), not the server.
-                        log.exception("publish commit failed; %d publishes not acknowledged", len(batch))
+                        # A bug must cost this batch (its publishers get an error), not the server.
+                        log.exception("publish commit failed; %d publishes refused", len(batch))
+                        for p in batch:
+                            if p.ack_subject:
+                                ack = pb.PubAck(guid=p.guid, error="stan: internal error (see the server log)")
+                                self._send(p.ack_subject, ack.SerializeToString())
                         self._done(batch)
         finally:
             # Shutting down: what was accepted is still stored (clients may or may not get the PubAck).
@@ -164,8 +168,14 @@ class Publisher:
             engine.on_dropped(channel, dropped)
         now = trio.current_time()
         by_channel: dict[str, list[Message]] = {}
+        readers: dict[str, bool] = {}
         for p, (seq, timestamp) in zip(accepted, result.assigned, strict=True):
-            by_channel.setdefault(p.channel, []).append(Message(seq, timestamp, p.channel, p.reply, p.data))
+            messages = by_channel.get(p.channel)
+            if messages is None:
+                messages = by_channel[p.channel] = []
+                readers[p.channel] = engine.has_readers(p.channel)
+            if readers[p.channel]:  # handed over so the engine need not read them back
+                messages.append(Message(seq, timestamp, p.channel, p.reply, p.data))
         for channel, messages in by_channel.items():
             engine.on_appended(channel, now, messages)
         self._runtime.sync()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import socket
 from pathlib import Path
 
@@ -236,3 +238,30 @@ async def test_publish_window_publish_nowait_and_wait_pub_acks() -> None:
         assert all(f.done() and f.error == "" for f in later)
         assert server.store.channel_info("foo") is not None
         assert server.store.channel_info("foo").last_seq == 28  # type: ignore[union-attr]
+
+
+async def test_extensions_over_the_wire_dead_letter_backoff_and_in_progress() -> None:
+    async with running(config()) as server, connect(CID, "me", port=server.port) as sc:
+        async with (
+            sc.subscribe("dlq", start_at=StartPosition.FIRST) as dead,
+            sc.subscribe(
+                "jobs", manual_ack=True, ack_wait=0.1, max_deliver=2, dead_letter_channel="dlq", backoff_s=(0.1, 0.2)
+            ) as sub,
+        ):
+            await sc.publish("jobs", b"poison")
+            got = await take(sub, 2)  # two attempts, never acked
+            assert [m.attempt for m in got] == [1, 2]
+            (letter,) = await take(dead, 1)
+            body = json.loads(letter.data)
+            assert (body["channel"], body["seq"], body["attempts"]) == ("jobs", 1, 2)
+            assert base64.b64decode(body["data_b64"]) == b"poison"
+            await nothing_more(sub, 0.5)
+
+        async with sc.subscribe("slow", manual_ack=True, ack_wait=0.3) as sub:
+            await sc.publish("slow", b"long job")
+            (msg,) = await take(sub, 1)
+            for _ in range(4):  # "still working": each resets the AckWait, so no redelivery
+                await trio.sleep(0.15)
+                msg.in_progress()
+            msg.ack()
+            await nothing_more(sub, 0.5)
