@@ -11,7 +11,7 @@ import re
 
 from google.protobuf.message import DecodeError, Message
 
-from storage import StartPosition, SubOptions
+from storage.records import StartPosition, SubOptions
 from streaming.engine import SubscribeRequest
 from streaming.stan import errors
 from streaming.stan.pb import protocol_pb2 as pb
