@@ -254,3 +254,25 @@ async def test_oversized_publish_closes_only_that_connection_and_keeps_acked_dat
             with trio.fail_after(5):
                 got = [(await sub.next_msg()).data for _ in range(11)]
         assert got == [b"%d" % i for i in range(10)] + [b"after"]
+
+
+async def test_heartbeats_remove_dead_clients_and_keep_live_ones() -> None:
+    cfg = config(hb_interval=0.1, hb_timeout=0.1, hb_fail_count=2)
+    async with running(cfg) as server, connect(CID, "alive", port=server.port) as alive, nats(server) as conn:
+        silent = new_inbox()
+        conn.subscribe(silent, lambda m: None)  # subscribed to its heartbeat inbox, never answers
+        assert await stan_connect(conn, "mute", silent) == ""
+        sub = await alive.open_subscription("foo")
+        await eventually(lambda: "mute" not in server.stan._clients, within=5)
+        # The dead client is gone for everything; the live one (our client answers) is untouched.
+        reply = await request(
+            conn,
+            f"_STAN.pub.{CID}.foo",
+            pb.PubMsg(clientID="mute", guid="g", subject="foo", data=b"x").SerializeToString(),
+        )
+        assert pb.PubAck.FromString(reply).error == "stan: invalid publish request"
+        await trio.sleep(0.5)
+        assert "alive" in server.stan._clients
+        await alive.publish("foo", b"still here")
+        with trio.fail_after(5):
+            assert (await sub.next_msg()).data == b"still here"
