@@ -113,7 +113,7 @@ class Msg:
 
 class Subscription:
     def __init__(
-        self, client: StanClient, channel: str, queue: str, durable: str, manual_ack: bool, buffer: int
+        self, client: StanClient, channel: str, queue: str, durable: str, manual_ack: bool
     ) -> None:
         self.client = client
         self.channel = channel
@@ -131,7 +131,6 @@ class Subscription:
         self._sid = ""
         self._last: Msg | None = None
         self._closed = False
-        self._buffer = buffer
 
     def _on_msg(self, raw: NatsMsg) -> None:
         try:
@@ -509,7 +508,7 @@ class StanClient:
         """Subscribe without a context manager; call `unsubscribe()` or `close()` on the result."""
         if self.closed:
             raise ConnectionClosedError(self.lost_reason or "connection closed")
-        sub = Subscription(self, channel, queue, durable, manual_ack, max_inflight)
+        sub = Subscription(self, channel, queue, durable, manual_ack)
         sub._sid = self.nats.subscribe(sub.inbox, sub._on_msg)
         wait = int(ack_wait) if ack_wait == int(ack_wait) else -round(ack_wait * 1000)
         request = pb.SubscriptionRequest(
