@@ -112,9 +112,7 @@ class Msg:
 
 
 class Subscription:
-    def __init__(
-        self, client: StanClient, channel: str, queue: str, durable: str, manual_ack: bool
-    ) -> None:
+    def __init__(self, client: StanClient, channel: str, queue: str, durable: str, manual_ack: bool) -> None:
         self.client = client
         self.channel = channel
         self.queue = queue

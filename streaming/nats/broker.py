@@ -30,6 +30,7 @@ from streaming.nats.subjects import Sublist, valid_literal, valid_subject
 log = logging.getLogger(__name__)
 
 Handler = Callable[[str, str, bytes], Awaitable[None] | None]
+_NO_WAITS: list[Awaitable[None]] = []  # shared and never appended to
 VERSION = "2.10.0"  # the NATS server version we behave like (clients only read it for features)
 
 
@@ -168,14 +169,34 @@ class Broker:
         """Route one message; returns the awaitables in-process handlers asked to be awaited."""
         return self._route(subject, reply, payload, None)
 
+    def publish_many(self, subject: str, payloads: list[bytes]) -> None:
+        """Several messages to one subject with one lookup and one write per receiver (PubAcks of a
+        commit). Only for subjects no in-process handler listens on."""
+        for sub in self._sublist.match(subject):
+            conn = sub.conn
+            if conn is None or sub.max_msgs is not None:
+                for payload in payloads:  # the general path keeps handlers and auto-unsubscribe exact
+                    self._route(subject, "", payload, None)
+                return
+        for sub in self._sublist.match(subject):
+            conn = sub.conn
+            assert conn is not None
+            prefix = f"MSG {subject} {sub.sid} "
+            conn.send(b"".join(b"%b%d\r\n%b\r\n" % (prefix.encode(), len(p), p) for p in payloads))
+            self.out_msgs += len(payloads)
+            self.out_bytes += sum(len(p) for p in payloads)
+            sub.delivered += len(payloads)
+
     def _route(self, subject: str, reply: str, payload: bytes, origin: Connection | None) -> list[Awaitable[None]]:
-        waits: list[Awaitable[None]] = []
+        waits: list[Awaitable[None]] = _NO_WAITS  # allocated only when a handler returns something
         for sub in self._sublist.match(subject):
             conn = sub.conn
             if conn is None:
                 assert sub.handler is not None
                 result = sub.handler(subject, reply, payload)
                 if result is not None:
+                    if waits is _NO_WAITS:
+                        waits = []
                     waits.append(result)
                 continue
             if conn is origin and not conn.echo:

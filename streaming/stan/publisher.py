@@ -50,6 +50,7 @@ class Publisher:
         engine: Engine,
         runtime: EngineRuntime,
         send: Callable[[str, bytes], None],
+        send_many: Callable[[str, list[bytes]], None],
         *,
         store_in_thread: bool,
         max_batch: int = 8192,
@@ -59,6 +60,7 @@ class Publisher:
         self._engine = engine
         self._runtime = runtime
         self._send = send
+        self._send_many = send_many
         self._in_thread = store_in_thread
         self._max_batch = max_batch
         self._high_water = high_water
@@ -147,11 +149,18 @@ class Publisher:
                 self._announce(accepted, result)
         self.commits += 1
         self.largest_batch = max(self.largest_batch, len(batch))
-        send = self._send
+        acks: dict[str, list[bytes]] = {}  # per ack subject (one per client), in order
         for p in batch:
             if p.ack_subject:
                 error = refused.get(p.channel) or errors.get(id(p), "")
-                send(p.ack_subject, pb.PubAck(guid=p.guid, error=error).SerializeToString())
+                ack = pb.PubAck(guid=p.guid, error=error).SerializeToString()
+                subject_acks = acks.get(p.ack_subject)
+                if subject_acks is None:
+                    acks[p.ack_subject] = [ack]
+                else:
+                    subject_acks.append(ack)
+        for subject, payloads in acks.items():
+            self._send_many(subject, payloads)
         self._done(batch)
 
     def _done(self, batch: list[Publish]) -> None:

@@ -107,7 +107,9 @@ class StanServer:
         state: RecoveredState = await self._call(self.store.recover)
         self.engine = Engine.recover(self.store, state)
         self.runtime = EngineRuntime(self.engine, self._deliver, store_in_thread=self._in_thread)
-        self.publisher = Publisher(self.store, self.engine, self.runtime, self._send, store_in_thread=self._in_thread)
+        self.publisher = Publisher(
+            self.store, self.engine, self.runtime, self._send, self.broker.publish_many, store_in_thread=self._in_thread
+        )
         for record in state.clients:
             self._clients[record.client_id] = _Client(record)
             if record.conn_id:
