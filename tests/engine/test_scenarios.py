@@ -11,6 +11,8 @@ import itertools
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from storage import (
     ChannelLimits,
@@ -137,6 +139,27 @@ def test_queue_members_take_turns_when_equally_loaded() -> None:
             got[member] += seqs
             h.ack(member, *seqs)
     assert got == {a: [1, 3, 5, 7, 9], b: [2, 4, 6, 8, 10]}
+
+
+@given(members=st.integers(2, 5), messages=st.integers(1, 40), batch=st.integers(1, 4))
+def test_equally_loaded_queue_members_share_work_evenly(members: int, messages: int, batch: int) -> None:
+    # Fairness: publishing `batch` messages at a time, each burst acked before the next, no member
+    # ever gets more than one message more than another.
+    h = Harness()
+    h.client()
+    subs = [h.subscribe(queue="g") for _ in range(members)]
+    counts = dict.fromkeys(subs, 0)
+    sent = 0
+    while sent < messages:
+        n = min(batch, messages - sent)
+        h.publish("foo", count=n)
+        sent += n
+        for sub in subs:
+            seqs = h.seqs(sub)
+            counts[sub] += len(seqs)
+            h.ack(sub, *seqs)
+    assert sum(counts.values()) == messages
+    assert max(counts.values()) - min(counts.values()) <= 1, counts
 
 
 def test_21_queue_max_inflight_and_unstalled_on_acks() -> None:
