@@ -257,10 +257,10 @@ async def test_extensions_over_the_wire_dead_letter_backoff_and_in_progress() ->
             assert base64.b64decode(body["data_b64"]) == b"poison"
             await nothing_more(sub, 0.5)
 
-        async with sc.subscribe("slow", manual_ack=True, ack_wait=0.3) as sub:
+        async with sc.subscribe("slow", manual_ack=True, ack_wait=0.6) as sub:
             await sc.publish("slow", b"long job")
             (msg,) = await take(sub, 1)
-            for _ in range(4):  # "still working": each resets the AckWait, so no redelivery
+            for _ in range(6):  # "still working" every 0.15 s resets the 0.6 s AckWait: no redelivery
                 await trio.sleep(0.15)
                 msg.in_progress()
             msg.ack()
