@@ -312,8 +312,14 @@ class EngineRuntime:
         self.sync()
 
     async def _call(self, fn: Callable[[], T]) -> T:
-        if self._store_in_thread:
-            return await trio.to_thread.run_sync(fn)
-        result = fn()
-        await trio.lowlevel.checkpoint()
-        return result
+        return await call_store(fn, in_thread=self._store_in_thread)
+
+
+async def call_store(fn: Callable[[], T], *, in_thread: bool) -> T:
+    """Run one store call: on a worker thread (LMDB in production, so the event loop never waits for
+    an fsync), or inline followed by a checkpoint (memory store; tests under MockClock)."""
+    if in_thread:
+        return await trio.to_thread.run_sync(fn)
+    result = fn()
+    await trio.lowlevel.checkpoint()
+    return result

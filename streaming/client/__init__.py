@@ -1,7 +1,16 @@
 """The Trio client library: `connect()` opens a STAN session (see streaming.client.stan)."""
 
+from storage.records import StartPosition
 from streaming.client.nats_conn import ConnectionClosedError, NatsConnection, NatsError, NatsMsg
-from streaming.client.stan import Msg, PubAckFuture, StanClient, StanError, StartPosition, Subscription, connect
+from streaming.client.stan import (
+    Msg,
+    PubAckFuture,
+    StanClient,
+    StanError,
+    SubscribeOptions,
+    Subscription,
+    connect,
+)
 
 __all__ = [
     "ConnectionClosedError",
@@ -13,6 +22,7 @@ __all__ = [
     "StanClient",
     "StanError",
     "StartPosition",
+    "SubscribeOptions",
     "Subscription",
     "connect",
 ]

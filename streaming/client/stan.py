@@ -16,7 +16,6 @@ re-acknowledged, so the server stops sending them) instead of reaching the appli
 
 from __future__ import annotations
 
-import enum
 import itertools
 import logging
 import secrets
@@ -24,11 +23,12 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Self, TypeVar
+from typing import Self, TypedDict, TypeVar, Unpack
 
 import trio
 from google.protobuf.message import Message as ProtoMessage
 
+from storage.records import StartPosition  # one definition of the wire's start positions
 from streaming.client.dedup import AckFloor, RecentAcks
 from streaming.client.nats_conn import ConnectionClosedError, NatsConnection, NatsMsg, new_inbox
 from streaming.stan.pb import protocol_pb2 as pb
@@ -39,14 +39,6 @@ R = TypeVar("R", bound=ProtoMessage)
 
 class StanError(Exception):
     """The server refused a request; str() is its error text."""
-
-
-class StartPosition(enum.IntEnum):
-    NEW_ONLY = 0
-    LAST_RECEIVED = 1
-    TIME_DELTA_START = 2
-    SEQUENCE_START = 3
-    FIRST = 4
 
 
 class PubAckFuture:
@@ -109,6 +101,23 @@ class Msg:
 
     def __repr__(self) -> str:
         return f"Msg(seq={self.seq}, subject={self.subject!r}, redelivered={self.redelivered}, data={self.data!r})"
+
+
+class SubscribeOptions(TypedDict, total=False):
+    """The keyword options of `StanClient.open_subscription` (its signature has the defaults)."""
+
+    queue: str
+    durable: str
+    ack_wait: float
+    max_inflight: int
+    start_at: StartPosition
+    start_sequence: int
+    start_time_delta_s: float
+    manual_ack: bool
+    max_deliver: int
+    dead_letter_channel: str
+    backoff_s: tuple[float, ...]
+    max_inflight_redeliveries: bool
 
 
 class Subscription:
@@ -442,43 +451,11 @@ class StanClient:
 
     @asynccontextmanager
     async def subscribe(
-        self,
-        channel: str,
-        *,
-        queue: str = "",
-        durable: str = "",
-        ack_wait: float = 30.0,
-        max_inflight: int = 1024,
-        start_at: StartPosition = StartPosition.NEW_ONLY,
-        start_sequence: int = 0,
-        start_time_delta_s: float = 0.0,
-        manual_ack: bool = False,
-        max_deliver: int = 0,
-        dead_letter_channel: str = "",
-        backoff_s: tuple[float, ...] = (),
-        max_inflight_redeliveries: bool = False,
-        close_on_exit: bool = False,
+        self, channel: str, *, close_on_exit: bool = False, **options: Unpack[SubscribeOptions]
     ) -> AsyncIterator[Subscription]:
-        """Subscribe; leaving the block unsubscribes (or closes, with close_on_exit, keeping a durable).
-
-        `ack_wait` is seconds; a fraction of a second is sent as negative milliseconds, which only a
-        server started with the test-only `ack_wait_ms` option accepts.
-        """
-        sub = await self.open_subscription(
-            channel,
-            queue=queue,
-            durable=durable,
-            ack_wait=ack_wait,
-            max_inflight=max_inflight,
-            start_at=start_at,
-            start_sequence=start_sequence,
-            start_time_delta_s=start_time_delta_s,
-            manual_ack=manual_ack,
-            max_deliver=max_deliver,
-            dead_letter_channel=dead_letter_channel,
-            backoff_s=backoff_s,
-            max_inflight_redeliveries=max_inflight_redeliveries,
-        )
+        """Subscribe with `open_subscription`'s options; leaving the block unsubscribes (or closes,
+        with close_on_exit, keeping a durable)."""
+        sub = await self.open_subscription(channel, **options)
         try:
             yield sub
         finally:
@@ -503,7 +480,11 @@ class StanClient:
         backoff_s: tuple[float, ...] = (),
         max_inflight_redeliveries: bool = False,
     ) -> Subscription:
-        """Subscribe without a context manager; call `unsubscribe()` or `close()` on the result."""
+        """Subscribe without a context manager; call `unsubscribe()` or `close()` on the result.
+
+        `ack_wait` is seconds; a fraction of a second is sent as negative milliseconds, which only a
+        server started with the test-only `ack_wait_ms` option accepts.
+        """
         if self.closed:
             raise ConnectionClosedError(self.lost_reason or "connection closed")
         sub = Subscription(self, channel, queue, durable, manual_ack)

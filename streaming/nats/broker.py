@@ -172,17 +172,15 @@ class Broker:
     def publish_many(self, subject: str, payloads: list[bytes]) -> None:
         """Several messages to one subject with one lookup and one write per receiver (PubAcks of a
         commit). Only for subjects no in-process handler listens on."""
-        for sub in self._sublist.match(subject):
-            conn = sub.conn
-            if conn is None or sub.max_msgs is not None:
-                for payload in payloads:  # the general path keeps handlers and auto-unsubscribe exact
-                    self._route(subject, "", payload, None)
-                return
-        for sub in self._sublist.match(subject):
-            conn = sub.conn
-            assert conn is not None
-            prefix = f"MSG {subject} {sub.sid} "
-            conn.send(b"".join(b"%b%d\r\n%b\r\n" % (prefix.encode(), len(p), p) for p in payloads))
+        receivers = self._sublist.match(subject)
+        if any(sub.conn is None or sub.max_msgs is not None for sub in receivers):
+            for payload in payloads:  # the general path keeps handlers and auto-unsubscribe exact
+                self._route(subject, "", payload, None)
+            return
+        for sub in receivers:
+            assert sub.conn is not None
+            prefix = f"MSG {subject} {sub.sid} ".encode()
+            sub.conn.send(b"".join(b"%b%d\r\n%b\r\n" % (prefix, len(p), p) for p in payloads))
             self.out_msgs += len(payloads)
             self.out_bytes += sum(len(p) for p in payloads)
             sub.delivered += len(payloads)

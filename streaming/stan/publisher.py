@@ -19,7 +19,7 @@ import trio
 
 from storage import AppendResult, ChannelError, Message, NewMessage, Store, StoreError
 from streaming.engine import Engine
-from streaming.runtime import EngineRuntime
+from streaming.runtime import EngineRuntime, call_store
 from streaming.stan.pb import protocol_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -202,8 +202,4 @@ class Publisher:
         return refused
 
     async def _call(self, fn: Callable[[], T]) -> T:
-        if self._in_thread:
-            return await trio.to_thread.run_sync(fn)
-        result = fn()
-        await trio.lowlevel.checkpoint()
-        return result
+        return await call_store(fn, in_thread=self._in_thread)

@@ -33,7 +33,7 @@ import trio
 from storage import ChannelError, ClientRecord, RecoveredState, Store, StoreError
 from streaming.engine import Delivery, Engine, RequestError
 from streaming.nats.broker import Broker
-from streaming.runtime import EngineRuntime, tune_gc
+from streaming.runtime import EngineRuntime, call_store, tune_gc
 from streaming.stan import errors
 from streaming.stan.pb import protocol_pb2 as pb
 from streaming.stan.publisher import Publish, Publisher
@@ -206,11 +206,7 @@ class StanServer:
             self.runtime.sync()
 
     async def _call(self, fn: Callable[[], T]) -> T:
-        if self._in_thread:
-            return await trio.to_thread.run_sync(fn)
-        result = fn()
-        await trio.lowlevel.checkpoint()
-        return result
+        return await call_store(fn, in_thread=self._in_thread)
 
     async def _request(self, subject: str, payload: bytes, wait: float) -> bytes | None:
         """Request/reply from the server to a client (heartbeats); None after `wait` s or with no interest."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +30,14 @@ def config(directory: Path | None = None, **overrides: Any) -> ServerConfig:
     values = dict(FAST, store="lmdb" if directory is not None else "memory", dir=str(directory or "unused"))
     values.update(overrides)
     return ServerConfig(**values)
+
+
+def free_port() -> int:
+    """A port that was free a moment ago (for tests that restart a server on the same port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 @asynccontextmanager

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import trio
 
 from streaming.client import Msg, StanClient, StanError, StartPosition, Subscription, connect
 from streaming.server import Running
-from tests.wire.servers import config, eventually, running
+from tests.wire.servers import config, eventually, free_port, running
 
 CID = "test-cluster"
 
@@ -164,13 +163,6 @@ async def test_queue_members_suppress_copies_of_acked_messages() -> None:
             msg.ack()
             await eventually(lambda: sub.suppressed > 0)
             await nothing_more(sub, 0.3)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def test_restart_recovery_redelivers_pending_before_new(tmp_path: Path) -> None:

@@ -3,22 +3,14 @@ got a PubAck is there, and pending messages are redelivered before new ones."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import trio
 
 from streaming.client import Msg, StartPosition, Subscription, connect
-from tests.wire.servers import ServerProcess, eventually
+from tests.wire.servers import ServerProcess, eventually, free_port
 
 CID = "test-cluster"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def drain(sub: Subscription, into: list[Msg]) -> None:
