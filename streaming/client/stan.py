@@ -257,6 +257,9 @@ class StanClient:
         self.cluster_id = cluster_id
         self.client_id = client_id
         self.conn_id = secrets.token_hex(11).encode()
+        # Serialised protobuf messages concatenate into their merge, so the fields every PubMsg of this
+        # session shares are serialised once.
+        self._pub_prefix = pb.PubMsg(clientID=client_id, connID=self.conn_id).SerializeToString()
         self.request_timeout_s = request_timeout_s
         self.pub_ack_timeout_s = 30.0
         self.ping_interval_s = ping_interval_s
@@ -375,11 +378,11 @@ class StanClient:
     # -- publishing ------------------------------------------------------------------------------
 
     def _send_pub(self, future: PubAckFuture) -> None:
-        message = pb.PubMsg(
-            clientID=self.client_id, guid=future.guid, subject=future.subject, data=future.payload, connID=self.conn_id
-        )
+        message = pb.PubMsg(guid=future.guid, subject=future.subject, data=future.payload)
         self.nats.publish(
-            f"{self.config_subjects.pub}.{future.subject}", message.SerializeToString(), reply=self._ack_subject
+            f"{self.config_subjects.pub}.{future.subject}",
+            self._pub_prefix + message.SerializeToString(),
+            reply=self._ack_subject,
         )
 
     async def publish_async(self, channel: str, data: bytes) -> PubAckFuture:
