@@ -31,7 +31,7 @@ def _server_parser() -> argparse.ArgumentParser:
     add("-c", "--config", help="TOML configuration file")
     add("-a", "--addr", "--net", dest="host", help="interface to listen on (default 0.0.0.0)")
     add("-p", "--port", type=int, help="NATS client port (default 4222; 0 = any free port)")
-    add("-m", "--http_port", type=int, help="HTTP monitoring port (metrics; 0 = off)")
+    add("-m", "--http_port", type=int, help="HTTP monitoring port: /metrics and /streaming/*z (default 0 = off)")
     add("-cid", "--cluster_id", help="cluster ID (default test-cluster)")
     add("-st", "--store", choices=["lmdb", "memory"], help="store type (default lmdb)")
     add("--dir", help="data directory for the lmdb store (default ./streaming-data)")
@@ -44,6 +44,8 @@ def _server_parser() -> argparse.ArgumentParser:
     add("-hbi", "--hb_interval", type=parse_duration, help="interval between server heartbeats (default 30s)")
     add("-hbt", "--hb_timeout", type=parse_duration, help="wait for a heartbeat answer (default 10s)")
     add("-hbf", "--hb_fail_count", type=int, help="failed heartbeats before a client is closed (default 10)")
+    add("--event_log", help="write the delivery event log (JSON Lines) into this directory (default off)")
+    add("--event_log_rotate", type=parse_size, help="start a new event log file past this size (default 64MB)")
     add("--max_payload", type=parse_size, help="largest message accepted (default 1MB)")
     add(
         "--ack_wait_ms",

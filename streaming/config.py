@@ -104,7 +104,7 @@ class ServerConfig:
     cluster_id: str = "test-cluster"
     host: str = "0.0.0.0"
     port: int = 4222
-    http_port: int = 0  # monitoring (issue 5); 0 = off
+    http_port: int = 0  # monitoring: 0 = off, -1 = any free port (tests), as nats-server's RANDOM_PORT
     store: str = "lmdb"
     dir: str = "streaming-data"
     max_channels: int = 100
@@ -124,12 +124,14 @@ class ServerConfig:
     max_pings_out: int = 2
     ack_wait_ms: bool = False  # test-only: a negative ackWaitInSecs means milliseconds
     log_level: str = "info"
+    event_log: str = ""  # directory for the delivery event log (JSON Lines); empty = off
+    event_log_rotate: Size = Size(64 * 1024 * 1024)  # start a new file past this size
 
     def __attrs_post_init__(self) -> None:
         if self.store not in ("lmdb", "memory"):
             raise ConfigError(f"store: expected 'lmdb' or 'memory', got {self.store!r}")
-        if not 0 <= self.port < 65536 or not 0 <= self.http_port < 65536:
-            raise ConfigError("port and http_port must be between 0 and 65535")
+        if not 0 <= self.port < 65536 or not -1 <= self.http_port < 65536:
+            raise ConfigError("port must be between 0 and 65535, http_port between -1 and 65535")
         if not re.fullmatch(r"[a-zA-Z0-9_-]+", self.cluster_id):
             raise ConfigError(f"cluster_id: only letters, digits, '-' and '_' are allowed, got {self.cluster_id!r}")
         for name in ("hb_interval", "hb_timeout", "dup_check_timeout", "ping_interval", "write_deadline"):

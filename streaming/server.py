@@ -7,13 +7,18 @@ Tests run it in a nursery on port 0: `port = await nursery.start(serve, config)`
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import attrs
 import trio
 
 from storage import Store, open_store
 from streaming.config import ServerConfig
+from streaming.event_log import EventLog
+from streaming.metrics import Metrics
+from streaming.monitor import Monitor, serve_monitor
 from streaming.nats.broker import Broker, BrokerConfig
+from streaming.observers import Fanout
 from streaming.stan.server import StanConfig, StanServer
 
 log = logging.getLogger(__name__)
@@ -27,6 +32,8 @@ class Running:
     broker: Broker
     stan: StanServer
     store: Store
+    http_port: int = 0  # the monitoring port, when one is served
+    event_log: EventLog | None = None
 
 
 def broker_config(config: ServerConfig) -> BrokerConfig:
@@ -61,11 +68,29 @@ async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] =
     store = await trio.to_thread.run_sync(open_store, config.store, directory, config.cluster_id, limits)
     try:
         broker = Broker(broker_config(config))
-        stan = StanServer(stan_config(config), broker, store, store_in_thread=config.store == "lmdb")
+        metrics = Metrics() if config.http_port else None
+        event_log = EventLog(Path(config.event_log), rotate_bytes=config.event_log_rotate) if config.event_log else None
+        observers: list[Metrics | EventLog] = [o for o in (metrics, event_log) if o is not None]
+        stan = StanServer(
+            stan_config(config),
+            broker,
+            store,
+            store_in_thread=config.store == "lmdb",
+            engine_observers=observers,
+            observer=Fanout(list(observers)) if len(observers) > 1 else (observers[0] if observers else None),
+        )
         async with trio.open_nursery() as nursery:
+            if event_log is not None:
+                await nursery.start(event_log.run)
             await nursery.start(stan.run)
             port = await nursery.start(broker.serve)
-            task_status.started(Running(port, broker, stan, store))
+            running = Running(port, broker, stan, store, event_log=event_log)
+            if metrics is not None:
+                metrics.attach(running)
+                monitor = Monitor(running, metrics, config.store)
+                http_port = max(config.http_port, 0)  # -1: any free port
+                running.http_port = await nursery.start(serve_monitor, monitor, config.host, http_port)
+            task_status.started(running)
     finally:
         with trio.move_on_after(10, shield=True):
             await trio.to_thread.run_sync(store.close)

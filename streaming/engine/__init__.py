@@ -3,7 +3,7 @@
 It imports no Trio, no LMDB and no metrics code (import-linter checks this); time comes in as `now`.
 """
 
-from streaming.engine.engine import Engine, SubscribeRequest, dead_letter_payload
+from streaming.engine.engine import Engine, SubscribeRequest, SubscriptionView, dead_letter_payload
 from streaming.engine.errors import RequestError
 from streaming.engine.events import (
     Acked,
@@ -44,5 +44,6 @@ __all__ = [
     "SubscriptionClosed",
     "SubscriptionCreated",
     "SubscriptionRemoved",
+    "SubscriptionView",
     "dead_letter_payload",
 ]

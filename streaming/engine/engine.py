@@ -110,6 +110,16 @@ class _Sub:
         return len(self.pending) >= self.record.max_inflight
 
 
+@attrs.frozen
+class SubscriptionView:
+    """A read-only snapshot of one subscription for monitoring."""
+
+    record: SubscriptionRecord  # last_sent is the current position (the group's, for queue members)
+    online: bool
+    pending_count: int  # unacknowledged messages, sent or waiting to be redelivered
+    stalled: bool  # at MaxInflight: nothing new goes out until something is acked
+
+
 class _Group:
     """A queue group: members share one position; `shadow` keeps an empty durable group's state."""
 
@@ -210,6 +220,18 @@ class Engine:
 
     def subscriptions(self) -> list[int]:
         return list(self._subs)
+
+    def views(self) -> list[SubscriptionView]:
+        """Every subscription as monitoring shows it (O(subscriptions); for scrapes, not hot paths)."""
+        return [
+            SubscriptionView(
+                attrs.evolve(sub.record, last_sent=self._position(sub)), sub.online, len(sub.pending), sub.stalled
+            )
+            for sub in self._subs.values()
+        ]
+
+    def client_ids(self) -> list[str]:
+        return list(self._clients)
 
     def pending(self, sub_id: int) -> dict[int, int]:
         """seq -> attempt of one subscription's unacknowledged messages."""

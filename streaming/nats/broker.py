@@ -15,6 +15,7 @@ read rather than per message.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import secrets
@@ -57,6 +58,16 @@ class BrokerStatistics:
     in_bytes: int
     out_bytes: int
     slow_consumers: int
+
+
+# Labels for the protocol-error counter (a fixed set, whatever a client sends).
+_ERROR_KINDS: dict[str, str] = {
+    p.UNKNOWN_OP: "unknown_operation",
+    p.MAX_CONTROL_EXCEEDED: "max_control_line",
+    p.MAX_PAYLOAD_VIOLATION: "max_payload",
+    p.INVALID_SUBJECT: "invalid_subject",
+    p.INVALID_PUBLISH_SUBJECT: "invalid_publish_subject",
+}
 
 
 class _Sub:
@@ -139,6 +150,7 @@ class Broker:
         self.total_connections = 0
         self.in_msgs = self.out_msgs = self.in_bytes = self.out_bytes = 0
         self.slow_consumers = 0
+        self.protocol_errors: collections.Counter[str] = collections.Counter()  # kind -> count
 
     # -- in-process API --------------------------------------------------------------------------
 
@@ -348,6 +360,7 @@ class Broker:
                         self._on_control(conn, event)
             except p.RemoteProtocolError as exc:
                 log.info("connection %d (%s): protocol error: %s", conn.cid, conn.remote, exc)
+                self.protocol_errors[_ERROR_KINDS.get(str(exc), "other")] += 1
                 conn.fail(str(exc))
                 return
             finally:
@@ -359,6 +372,7 @@ class Broker:
         self.in_bytes += len(event.payload)
         if conn.pedantic and not valid_literal(event.subject):
             conn.send(p.encode_err(p.INVALID_PUBLISH_SUBJECT))
+            self.protocol_errors["invalid_publish_subject"] += 1
             return []
         if conn.verbose:
             conn.send(p.OK_BYTES)
@@ -372,6 +386,7 @@ class Broker:
         elif isinstance(event, p.Sub):
             if not valid_subject(event.subject) or (event.queue and not valid_literal(event.queue)):
                 conn.send(p.encode_err(p.INVALID_SUBJECT))
+                self.protocol_errors["invalid_subject"] += 1
                 return
             if event.sid not in conn.subs:  # a duplicate sid is ignored, as nats-server does
                 sub = conn.subs[event.sid] = _Sub(conn, event.sid, event.subject, event.queue, None)

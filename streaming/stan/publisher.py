@@ -10,6 +10,7 @@ beyond `high_water` make the publishing connections wait (TCP back-pressure), so
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import TypeVar
@@ -19,6 +20,7 @@ import trio
 
 from storage import AppendResult, ChannelError, Message, NewMessage, Store, StoreError
 from streaming.engine import Engine
+from streaming.observers import NullObserver, ServerObserver
 from streaming.runtime import EngineRuntime, call_store
 from streaming.stan.pb import protocol_pb2 as pb
 
@@ -56,6 +58,7 @@ class Publisher:
         max_batch: int = 8192,
         high_water: int = 65536,
         inline_batch: int = 16,
+        observer: ServerObserver | None = None,
     ) -> None:
         self._store = store
         self._engine = engine
@@ -66,6 +69,7 @@ class Publisher:
         self._max_batch = max_batch
         self._high_water = high_water
         self._inline_batch = inline_batch
+        self._observer: ServerObserver = observer or NullObserver()
         self._queue: list[Publish] = []
         self._work = trio.Event()
         self._room = trio.Event()
@@ -147,7 +151,9 @@ class Publisher:
                 # hop to a worker thread and back (~100 us here) would cost them more than holding the
                 # loop for the fsync. A large batch goes to the thread so that parsing overlaps the fsync.
                 in_thread = self._in_thread and len(messages) > self._inline_batch
+                started = time.perf_counter()
                 result = await call_store(partial(self._store.append, messages), in_thread=in_thread)
+                self._observer.on_commit(time.perf_counter() - started, len(messages))
             except StoreError as exc:
                 log.error("could not store %d messages: %s", len(messages), exc)
                 errors = {id(p): f"stan: store error: {exc}" for p in accepted}
@@ -186,13 +192,21 @@ class Publisher:
         now = trio.current_time()
         by_channel: dict[str, list[Message]] = {}
         readers: dict[str, bool] = {}
+        runs: dict[str, list[int]] = {}  # channel -> [first seq, count, bytes]
         for p, (seq, timestamp) in zip(accepted, result.assigned, strict=True):
             messages = by_channel.get(p.channel)
             if messages is None:
                 messages = by_channel[p.channel] = []
                 readers[p.channel] = engine.has_readers(p.channel)
+                run = runs[p.channel] = [seq, 0, 0]
+            else:
+                run = runs[p.channel]
+            run[1] += 1
+            run[2] += len(p.data)
             if readers[p.channel]:  # handed over so the engine need not read them back
                 messages.append(Message(seq, timestamp, p.channel, p.reply, p.data))
+        for channel, (first, count, nbytes) in runs.items():
+            self._observer.on_published(channel, first, count, nbytes)
         for channel, messages in by_channel.items():
             engine.on_appended(channel, now, messages)
         self._runtime.sync()

@@ -18,12 +18,13 @@ A STAN session is not tied to a TCP connection (§1.9): clients are known by cli
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import TypeVar
 
@@ -31,8 +32,9 @@ import attrs
 import trio
 
 from storage import ChannelError, ClientRecord, RecoveredState, Store, StoreError
-from streaming.engine import Delivery, Engine, RequestError
+from streaming.engine import Delivery, Engine, Observer, RequestError
 from streaming.nats.broker import Broker
+from streaming.observers import ServerObserver
 from streaming.runtime import EngineRuntime, call_store, tune_gc
 from streaming.stan import errors
 from streaming.stan.pb import protocol_pb2 as pb
@@ -71,13 +73,34 @@ class _Client:
     poke: trio.Event = attrs.Factory(trio.Event)
 
 
+# Labels for refused requests, by the response that carries the error (a fixed set).
+_REFUSAL_KINDS: dict[type, str] = {
+    pb.ConnectResponse: "stan_connect",
+    pb.SubscriptionResponse: "stan_subscription",  # subscribe, unsubscribe, close
+    pb.CloseResponse: "stan_close",
+    pb.PingResponse: "stan_ping",
+    pb.PubAck: "stan_publish",
+}
+
+
 def _nuid() -> str:
     return secrets.token_urlsafe(16).replace("-", "A").replace("_", "B")
 
 
 class StanServer:
-    def __init__(self, config: StanConfig, broker: Broker, store: Store, *, store_in_thread: bool) -> None:
+    def __init__(
+        self,
+        config: StanConfig,
+        broker: Broker,
+        store: Store,
+        *,
+        store_in_thread: bool,
+        engine_observers: Sequence[Observer] = (),
+        observer: ServerObserver | None = None,
+    ) -> None:
         self.config = config
+        self._engine_observers = list(engine_observers)
+        self._observer = observer
         self.broker = broker
         self.store = store
         self._in_thread = store_in_thread
@@ -94,6 +117,7 @@ class StanServer:
         self._replies: dict[str, trio.MemorySendChannel[bytes]] = {}
         self._clients: dict[str, _Client] = {}
         self._conn_ids: dict[bytes, str] = {}
+        self.refused: collections.Counter[str] = collections.Counter()  # refused requests by kind
         self._dirty = False
         self._nursery: trio.Nursery | None = None
         self.engine: Engine
@@ -106,9 +130,17 @@ class StanServer:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         state: RecoveredState = await self._call(self.store.recover)
         self.engine = Engine.recover(self.store, state)
+        for engine_observer in self._engine_observers:
+            self.engine.add_observer(engine_observer)
         self.runtime = EngineRuntime(self.engine, self._deliver, store_in_thread=self._in_thread)
         self.publisher = Publisher(
-            self.store, self.engine, self.runtime, self._send, self.broker.publish_many, store_in_thread=self._in_thread
+            self.store,
+            self.engine,
+            self.runtime,
+            self._send,
+            self.broker.publish_many,
+            store_in_thread=self._in_thread,
+            observer=self._observer,
         )
         for record in state.clients:
             self._clients[record.client_id] = _Client(record)
@@ -165,6 +197,10 @@ class StanServer:
         b.subscribe(f"{self._reply_prefix}.*", self._on_reply)
         b.add_batch_hook(self._after_batch)
 
+    def clients(self) -> list[ClientRecord]:
+        """The registered clients (for monitoring)."""
+        return [client.record for client in self._clients.values()]
+
     # -- plumbing --------------------------------------------------------------------------------
 
     def _send(self, subject: str, payload: bytes) -> None:
@@ -180,6 +216,10 @@ class StanServer:
             self._nursery.start_soon(run)
 
     def _respond(self, reply: str, message: object) -> None:
+        kind = _REFUSAL_KINDS.get(type(message))
+        error: str = getattr(message, "error", "")
+        if kind is not None and error:
+            self.refused[kind] += 1
         if reply:
             assert hasattr(message, "SerializeToString")
             self._send(reply, message.SerializeToString())
@@ -379,6 +419,7 @@ class StanServer:
         try:
             message = parse_publish(payload)
         except InvalidRequest as exc:
+            self.refused["stan_publish"] += 1
             if reply:
                 self._send(reply, pb.PubAck(guid=exc.guid, error=str(exc)).SerializeToString())
             return None
@@ -392,6 +433,7 @@ class StanServer:
         if not error and message.subject in self.runtime.deleting:
             error = errors.CHANNEL_BEING_DELETED
         if error:
+            self.refused["stan_publish"] += 1
             if reply:
                 self._send(reply, pb.PubAck(guid=message.guid, error=error).SerializeToString())
             return None

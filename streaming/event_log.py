@@ -1,0 +1,188 @@
+"""The delivery event log: JSON Lines (schema in `streaming.event_schema`) for the Spark jobs.
+
+The hot paths only append `(timestamp, event)` to a list (a publish burst is one entry per channel);
+a writer task encodes what accumulated every `interval` seconds and writes it on a worker thread, into
+`events-<start>-<n>.jsonl` files that roll over past `rotate_bytes`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import trio
+
+from streaming.engine import (
+    Acked,
+    AckTimedOut,
+    DeadLettered,
+    Delivered,
+    Event,
+    MemberJoined,
+    MemberLeft,
+)
+
+log = logging.getLogger(__name__)
+
+_Publish = tuple[str, int, int]  # channel, first seq, count
+
+
+class EventLog:
+    def __init__(self, directory: Path, *, rotate_bytes: int = 64 * 1024 * 1024, interval: float = 0.2) -> None:
+        self.directory = directory
+        self.rotate_bytes = rotate_bytes
+        self.interval = interval
+        self._pending: list[tuple[int, Event | _Publish]] = []
+        self._quoted: dict[str, str] = {}
+        self._file: IO[bytes] | None = None
+        self._file_size = 0
+        self._files = 0
+        self._stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        self.written = 0  # events written so far
+
+    # -- observers (hot paths: one append) -------------------------------------------------------
+
+    def on_event(self, event: Event) -> None:
+        if type(event) in _ENCODERS:
+            self._pending.append((time.time_ns() // 1000, event))
+
+    def on_published(self, channel: str, first_seq: int, count: int, nbytes: int) -> None:
+        self._pending.append((time.time_ns() // 1000, (channel, first_seq, count)))
+
+    def on_commit(self, seconds: float, messages: int) -> None:
+        pass
+
+    # -- writer ------------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        await trio.to_thread.run_sync(lambda: self.directory.mkdir(parents=True, exist_ok=True))
+        self._write_lines([self._line(time.time_ns() // 1000, "server_start")])
+        task_status.started()
+        try:
+            while True:
+                await trio.sleep(self.interval)
+                await self.flush()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.flush()
+                if self._file is not None:
+                    await trio.to_thread.run_sync(self._file.close)
+
+    async def flush(self) -> None:
+        batch, self._pending = self._pending, []
+        if batch:
+            lines = self._encode(batch)
+            await trio.to_thread.run_sync(self._write_lines, lines)
+
+    def _write_lines(self, lines: list[str]) -> None:
+        data = "".join(lines).encode()
+        if self._file is None or self._file_size >= self.rotate_bytes:
+            if self._file is not None:
+                self._file.close()
+            self._files += 1
+            path = self.directory / f"events-{self._stamp}-{self._files:06d}.jsonl"
+            self._file = path.open("ab")
+            self._file_size = 0
+        self._file.write(data)
+        self._file.flush()
+        self._file_size += len(data)
+        self.written += len(lines)
+
+    # -- encoding ----------------------------------------------------------------------------------
+
+    def _q(self, text: str) -> str:
+        quoted = self._quoted.get(text)
+        if quoted is None:
+            if len(self._quoted) > 100_000:
+                self._quoted.clear()
+            quoted = self._quoted[text] = json.dumps(text)
+        return quoted
+
+    def _line(
+        self,
+        ts: int,
+        event: str,
+        channel: str | None = None,
+        seq: int | None = None,
+        sub: int | None = None,
+        group: str | None = None,
+        member: str | None = None,
+        attempt: int | None = None,
+        ack_wait_s: float | None = None,
+        reason: str | None = None,
+    ) -> str:
+        return (
+            f'{{"ts":{ts},"event":"{event}","channel":{_opt(channel, self._q)},"seq":{_num(seq)},'
+            f'"sub":{_num(sub)},"group":{_opt(group, self._q)},"member":{_opt(member, self._q)},'
+            f'"attempt":{_num(attempt)},"ack_wait_s":{_num(ack_wait_s)},"reason":{_opt(reason, self._q)}}}\n'
+        )
+
+    def _encode(self, batch: list[tuple[int, Event | _Publish]]) -> list[str]:
+        lines: list[str] = []
+        q = self._q
+        for ts, item in batch:
+            if type(item) is tuple:
+                channel, first, count = item
+                head = f'{{"ts":{ts},"event":"publish","channel":{q(channel)},"seq":'
+                tail = ',"sub":null,"group":null,"member":null,"attempt":null,"ack_wait_s":null,"reason":null}\n'
+                lines += [f"{head}{seq}{tail}" for seq in range(first, first + count)]
+            else:
+                lines.append(_ENCODERS[type(item)](self, ts, item))
+        return lines
+
+
+def _opt(value: str | None, quote: Any) -> str:
+    return "null" if value is None else str(quote(value))
+
+
+def _num(value: float | None) -> str:
+    return "null" if value is None else repr(value)
+
+
+def _group(event: Any) -> str | None:
+    return event.sub.queue_group or event.sub.durable_name or None
+
+
+def _deliver(log_: EventLog, ts: int, e: Delivered) -> str:
+    s = e.sub
+    return log_._line(ts, "deliver", s.channel, e.seq, s.sub_id, _group(e), s.client_id, e.attempt, e.ack_wait_s,
+                      e.reason.value)  # fmt: skip
+
+
+def _ack(log_: EventLog, ts: int, e: Acked) -> str:
+    s = e.sub
+    return log_._line(ts, "ack", s.channel, e.seq, s.sub_id, _group(e), s.client_id, e.attempt)
+
+
+def _ack_timeout(log_: EventLog, ts: int, e: AckTimedOut) -> str:
+    s = e.sub
+    return log_._line(ts, "ack_timeout", s.channel, e.seq, s.sub_id, _group(e), s.client_id, e.attempt, e.ack_wait_s)
+
+
+def _dead_letter(log_: EventLog, ts: int, e: DeadLettered) -> str:
+    s = e.sub
+    return log_._line(ts, "dead_letter", s.channel, e.seq, s.sub_id, _group(e), s.client_id, e.attempts,
+                      reason="max_deliver")  # fmt: skip
+
+
+def _member_join(log_: EventLog, ts: int, e: MemberJoined) -> str:
+    s = e.sub
+    return log_._line(ts, "member_join", s.channel, None, s.sub_id, _group(e), s.client_id)
+
+
+def _member_leave(log_: EventLog, ts: int, e: MemberLeft) -> str:
+    s = e.sub
+    return log_._line(ts, "member_leave", s.channel, None, s.sub_id, _group(e), s.client_id)
+
+
+_ENCODERS: dict[type, Any] = {
+    Delivered: _deliver,
+    Acked: _ack,
+    AckTimedOut: _ack_timeout,
+    DeadLettered: _dead_letter,
+    MemberJoined: _member_join,
+    MemberLeft: _member_leave,
+}

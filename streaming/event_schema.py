@@ -1,0 +1,74 @@
+"""The delivery event log's schema, in one place: the writer (`streaming.event_log`), its test, the
+README and the Spark jobs all take it from here.
+
+Every line is one JSON object with every field below (null where a field does not apply to the event).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+# field -> (JSON type, meaning); the order is the order in each line.
+FIELDS: Final[dict[str, tuple[str, str]]] = {
+    "ts": ("integer", "microseconds since the Unix epoch, UTC"),
+    "event": ("string", "one of EVENTS"),
+    "channel": ("string", "channel name (null for server_start)"),
+    "seq": ("integer", "message sequence (publish, deliver, ack, ack_timeout, dead_letter)"),
+    "sub": ("integer", "subscription id (unique within a server's data directory)"),
+    "group": ("string", "queue group name, else durable name; null for a plain subscription"),
+    "member": ("string", "client id of the subscriber"),
+    "attempt": ("integer", "delivery attempt, 1 = first (deliver, ack, ack_timeout, dead_letter)"),
+    "ack_wait_s": ("number", "seconds this attempt may stay unacknowledged (deliver, ack_timeout)"),
+    "reason": ("string", "why: deliver: new, ack_timeout, member_left, restart, resume; dead_letter: max_deliver"),
+}
+
+EVENTS: Final[dict[str, str]] = {
+    "server_start": "the server started (or restarted) and began writing this log",
+    "publish": "a message was stored",
+    "deliver": "a message was sent to a subscriber",
+    "ack": "a subscriber acknowledged a message",
+    "ack_timeout": "a delivery's AckWait expired unacknowledged",
+    "dead_letter": "a message used up its MaxDeliver attempts and went to the dead-letter channel",
+    "member_join": "a queue member joined its group",
+    "member_leave": "a queue member left; its unacknowledged messages go to the other members",
+}
+
+DELIVERY_REASONS: Final = ("new", "ack_timeout", "member_left", "restart", "resume")
+
+_PY_TYPES: Final[dict[str, tuple[type, ...]]] = {
+    "integer": (int,),
+    "string": (str,),
+    "number": (int, float),
+}
+
+# Fields each event must carry (non-null); the rest of FIELDS are null or, where listed, optional.
+REQUIRED: Final[dict[str, tuple[str, ...]]] = {
+    "server_start": ("ts", "event"),
+    "publish": ("ts", "event", "channel", "seq"),
+    "deliver": ("ts", "event", "channel", "seq", "sub", "member", "attempt", "ack_wait_s", "reason"),
+    "ack": ("ts", "event", "channel", "seq", "sub", "member", "attempt"),
+    "ack_timeout": ("ts", "event", "channel", "seq", "sub", "member", "attempt", "ack_wait_s"),
+    "dead_letter": ("ts", "event", "channel", "seq", "sub", "member", "attempt", "reason"),
+    "member_join": ("ts", "event", "channel", "sub", "group", "member"),
+    "member_leave": ("ts", "event", "channel", "sub", "group", "member"),
+}
+
+
+def problems(record: dict[str, Any]) -> list[str]:
+    """What is wrong with one decoded line (empty when it matches the schema)."""
+    out = []
+    if list(record) != list(FIELDS):
+        out.append(f"fields {list(record)} are not {list(FIELDS)}")
+    event = record.get("event")
+    if event not in EVENTS:
+        return [*out, f"unknown event {event!r}"]
+    for name, value in record.items():
+        if name not in FIELDS or value is None:
+            continue
+        kind = FIELDS[name][0]
+        if isinstance(value, bool) or not isinstance(value, _PY_TYPES[kind]):
+            out.append(f"{name}={value!r} is not a JSON {kind}")
+    out += [f"{event} without {name}" for name in REQUIRED[event] if record.get(name) is None]
+    if event == "deliver" and record.get("reason") not in DELIVERY_REASONS:
+        out.append(f"deliver with reason {record.get('reason')!r}")
+    return out

@@ -1,0 +1,285 @@
+"""The monitoring HTTP port: a Starlette app (`/metrics` and NATS Streaming's JSON pages) served inside
+the server's Trio process by hypercorn's Trio worker.
+
+Pages and field names follow nats-streaming-server's monitoring endpoints: `/streaming/serverz`,
+`/streaming/storez`, `/streaming/clientsz` (`?subs=1`, `?client=`), `/streaming/channelsz` (`?subs=1`,
+`?channel=`), with `offset`/`limit` paging on the lists.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import platform
+import resource
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from storage import ChannelInfo
+from streaming.engine import SubscriptionView
+from streaming.metrics import Metrics, version
+
+if TYPE_CHECKING:
+    from streaming.server import Running
+
+log = logging.getLogger(__name__)
+DEFAULT_LIMIT = 1024
+MAX_LIMIT = 10_000
+
+
+class BadRequest(Exception):
+    pass
+
+
+def _rfc3339(unix_s: float) -> str:
+    return datetime.datetime.fromtimestamp(unix_s, datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+def _uptime(seconds: float) -> str:
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    out = f"{days}d" if days else ""
+    out += f"{hours}h" if hours or days else ""
+    out += f"{minutes}m" if minutes or hours or days else ""
+    return out + f"{secs}s"
+
+
+def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"{name}: expected an integer, got {raw!r}") from None
+    return max(lo, min(hi, value))
+
+
+def _flag(request: Request, name: str) -> bool:
+    return request.query_params.get(name, "0") not in ("0", "", "false")
+
+
+def subz(view: SubscriptionView) -> dict[str, Any]:
+    r = view.record
+    return {
+        "client_id": r.client_id,
+        "inbox": r.inbox,
+        "ack_inbox": r.ack_inbox,
+        "durable_name": r.durable_name,
+        "queue_name": f"{r.durable_name}:{r.queue_group}" if r.durable_name and r.queue_group else r.queue_group,
+        "is_durable": r.is_durable,
+        "is_offline": not view.online,
+        "max_inflight": r.max_inflight,
+        "ack_wait": r.ack_wait_ms // 1000,
+        "last_sent": r.last_sent,
+        "pending_count": view.pending_count,
+        "is_stalled": view.stalled and view.online,
+    }
+
+
+class Monitor:
+    """The pages of one running server."""
+
+    def __init__(self, running: Running, metrics: Metrics, store_type: str) -> None:
+        self.running = running
+        self.metrics = metrics
+        self.store_type = store_type
+        self.started = time.time()
+        self.app = Starlette(
+            routes=[
+                Route("/", self.index),
+                Route("/metrics", self.prometheus),
+                Route("/streaming", self.index),
+                Route("/streaming/serverz", self.serverz),
+                Route("/streaming/storez", self.storez),
+                Route("/streaming/clientsz", self.clientsz),
+                Route("/streaming/channelsz", self.channelsz),
+            ],
+            exception_handlers={BadRequest: self._bad_request},
+        )
+
+    async def _bad_request(self, request: Request, exc: Exception) -> Response:
+        return JSONResponse({"error": str(exc)}, status_code=400)
+
+    def _head(self) -> dict[str, Any]:
+        return {
+            "cluster_id": self.running.stan.config.cluster_id,
+            "server_id": self.running.broker.server_id,
+            "now": _rfc3339(time.time()),
+        }
+
+    def _views(self) -> list[SubscriptionView]:
+        stan = self.running.stan
+        return stan.engine.views() if stan.ready.is_set() else []
+
+    async def index(self, request: Request) -> Response:
+        return JSONResponse(
+            {"endpoints": ["/metrics", *(f"/streaming/{p}" for p in ("serverz", "storez", "clientsz", "channelsz"))]}
+        )
+
+    async def prometheus(self, request: Request) -> Response:
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def serverz(self, request: Request) -> Response:
+        running = self.running
+        channels = running.store.channels()
+        broker = running.broker.statistics()
+        try:
+            open_fds = len(os.listdir("/proc/self/fd"))
+        except OSError:
+            open_fds = -1
+        now = time.time()
+        return JSONResponse(
+            {
+                **self._head(),
+                "version": version(),
+                "python": platform.python_version(),
+                "state": "STANDALONE",
+                "start_time": _rfc3339(self.started),
+                "uptime": _uptime(now - self.started),
+                "clients": len(running.stan.clients()),
+                "subscriptions": len(self._views()),
+                "channels": len(channels),
+                "total_msgs": sum(c.msgs for c in channels),
+                "total_bytes": sum(c.bytes for c in channels),
+                "in_msgs": broker.in_msgs,
+                "in_bytes": broker.in_bytes,
+                "out_msgs": broker.out_msgs,
+                "out_bytes": broker.out_bytes,
+                "open_fds": open_fds,
+                "max_fds": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+            }
+        )
+
+    async def storez(self, request: Request) -> Response:
+        store = self.running.store
+        limits = store.limits
+        channels = store.channels()
+        stats = store.statistics()
+        return JSONResponse(
+            {
+                **self._head(),
+                "type": self.store_type.upper(),
+                "limits": {
+                    "max_channels": limits.max_channels,
+                    "max_msgs": limits.channel.max_msgs,
+                    "max_bytes": limits.channel.max_bytes,
+                    "max_age": int(limits.channel.max_age_s * 1_000_000_000),
+                    "max_subscriptions": limits.max_subs,
+                    "max_inactivity": int(limits.channel.max_inactivity_s * 1_000_000_000),
+                },
+                "total_msgs": sum(c.msgs for c in channels),
+                "total_bytes": sum(c.bytes for c in channels),
+                "messages_used_bytes": stats.messages_used_bytes,
+                "messages_map_size_bytes": stats.messages_map_size_bytes,
+                "state_used_bytes": stats.state_used_bytes,
+                "state_map_size_bytes": stats.state_map_size_bytes,
+            }
+        )
+
+    async def clientsz(self, request: Request) -> Response:
+        subs = _flag(request, "subs")
+        views = self._views() if subs else []
+        clients = sorted(self.running.stan.clients(), key=lambda c: c.client_id)
+
+        def client_json(client_id: str, hb_inbox: str) -> dict[str, Any]:
+            out: dict[str, Any] = {"id": client_id, "hb_inbox": hb_inbox}
+            if subs:
+                by_channel: dict[str, list[dict[str, Any]]] = {}
+                for v in views:
+                    if v.record.client_id == client_id and v.online:
+                        by_channel.setdefault(v.record.channel, []).append(subz(v))
+                out["subscriptions"] = by_channel
+            return out
+
+        wanted = request.query_params.get("client")
+        if wanted is not None:
+            for c in clients:
+                if c.client_id == wanted:
+                    return JSONResponse(client_json(c.client_id, c.hb_inbox))
+            return JSONResponse({"error": f"client {wanted!r} not found"}, status_code=404)
+        offset = _int_param(request, "offset", 0, 0, 1 << 62)
+        limit = _int_param(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+        page = clients[offset : offset + limit]
+        return JSONResponse(
+            {
+                **self._head(),
+                "offset": offset,
+                "limit": limit,
+                "count": len(page),
+                "total": len(clients),
+                "clients": [client_json(c.client_id, c.hb_inbox) for c in page],
+            }
+        )
+
+    async def channelsz(self, request: Request) -> Response:
+        subs = _flag(request, "subs")
+        channels = sorted(self.running.store.channels(), key=lambda c: c.name)
+        views = self._views() if subs else []
+
+        def channel_json(info: ChannelInfo) -> dict[str, Any]:
+            out: dict[str, Any] = {
+                "name": info.name,
+                "msgs": info.msgs,
+                "bytes": info.bytes,
+                "first_seq": info.first_seq if info.msgs else 0,
+                "last_seq": info.last_seq,
+            }
+            if subs:
+                out["subscriptions"] = [subz(v) for v in views if v.record.channel == info.name]
+            return out
+
+        wanted = request.query_params.get("channel")
+        if wanted is not None:
+            info = self.running.store.channel_info(wanted) if wanted else None
+            if info is None:
+                return JSONResponse({"error": f"channel {wanted!r} not found"}, status_code=404)
+            return JSONResponse(channel_json(info))
+        offset = _int_param(request, "offset", 0, 0, 1 << 62)
+        limit = _int_param(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+        page = channels[offset : offset + limit]
+        body: dict[str, Any] = {
+            **self._head(),
+            "offset": offset,
+            "limit": limit,
+            "count": len(page),
+            "total": len(channels),
+        }
+        if subs:
+            body["channels"] = [channel_json(c) for c in page]
+        else:
+            body["names"] = [c.name for c in page]
+        return JSONResponse(body)
+
+
+async def serve_monitor(
+    monitor: Monitor, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Serve until cancelled; `task_status` gets the bound port (useful with port 0)."""
+    config = HypercornConfig()
+    config.bind = [f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("streaming.monitor.http")
+    config.graceful_timeout = 1.0
+
+    async def started(task_status_inner: trio.TaskStatus[list[str]]) -> None:
+        # Starlette is an ASGI app; hypercorn's annotation spells the ASGI callable out more narrowly.
+        await hypercorn_serve(monitor.app, config, task_status=task_status_inner)  # type: ignore[arg-type]
+
+    async with trio.open_nursery() as nursery:
+        binds: list[str] = await nursery.start(started)
+        bound = int(binds[0].rsplit(":", 1)[1])
+        log.info("Listening for HTTP monitoring on %s:%d", host, bound)
+        task_status.started(bound)
