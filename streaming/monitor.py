@@ -271,12 +271,13 @@ async def serve_monitor(
     config = HypercornConfig()
     config.bind = [f"{host}:{port}"]
     config.accesslog = None
-    config.errorlog = logging.getLogger("streaming.monitor.http")
+    config.errorlog = http_log = logging.getLogger("streaming.monitor.http")
+    http_log.setLevel(max(http_log.getEffectiveLevel(), logging.WARNING))  # not its "Running on" line
     config.graceful_timeout = 1.0
 
-    async def started(task_status_inner: trio.TaskStatus[list[str]]) -> None:
+    async def started(*, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
         # Starlette is an ASGI app; hypercorn's annotation spells the ASGI callable out more narrowly.
-        await hypercorn_serve(monitor.app, config, task_status=task_status_inner)  # type: ignore[arg-type]
+        await hypercorn_serve(monitor.app, config, task_status=task_status)  # type: ignore[arg-type]
 
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(started)
