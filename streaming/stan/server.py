@@ -132,7 +132,9 @@ class StanServer:
         self.engine = Engine.recover(self.store, state)
         for engine_observer in self._engine_observers:
             self.engine.add_observer(engine_observer)
-        self.runtime = EngineRuntime(self.engine, self._deliver, store_in_thread=self._in_thread)
+        self.runtime = EngineRuntime(
+            self.engine, self._deliver, store_in_thread=self._in_thread, observer=self._observer
+        )
         self.publisher = Publisher(
             self.store,
             self.engine,

@@ -1,0 +1,93 @@
+"""The delivery event log written by a real server: every line matches the schema, and the events
+tell the story of the scripted run (publishes, redelivery, member leave, dead letter)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from streaming.event_schema import EVENTS, problems
+from tests.monitor.traffic import AUDIT, DLQ_CHANNEL, ORDERS, scripted_run
+from tests.wire.servers import config, running
+
+
+def read_events(directory: Path) -> list[dict[str, Any]]:
+    files = sorted(directory.glob("events-*.jsonl"))
+    assert files, f"no event log files in {directory}"
+    return [json.loads(line) for f in files for line in f.read_text().splitlines()]
+
+
+async def test_the_server_writes_events_that_match_the_schema(tmp_path: Path) -> None:
+    log_dir = tmp_path / "events"
+    async with running(config(tmp_path / "data", event_log=str(log_dir))) as server:
+        async with scripted_run(server.port):
+            pass
+    events = read_events(log_dir)  # the server flushed on shutdown
+    bad = [(e, problems(e)) for e in events if problems(e)]
+    assert not bad, bad[:5]
+
+    kinds = Counter(e["event"] for e in events)
+    assert set(kinds) == set(EVENTS), kinds  # every kind occurs in the scripted run
+    assert kinds["server_start"] == 1
+    assert kinds["publish"] == ORDERS + AUDIT + 2  # the poison message and its dead letter
+    published = {(e["channel"], e["seq"]) for e in events if e["event"] == "publish"}
+    assert ("orders", ORDERS) in published and (DLQ_CHANNEL, 1) in published
+
+    deliveries = [e for e in events if e["event"] == "deliver"]
+    reasons = Counter(e["reason"] for e in deliveries)
+    assert reasons["member_left"] == 5
+    assert reasons["ack_timeout"] >= 2  # d1's orders #1 and the poison message's second attempt
+    timeouts = [e for e in events if e["event"] == "ack_timeout" and e["group"] == "d1"]
+    assert timeouts and timeouts[0]["seq"] == 1 and timeouts[0]["ack_wait_s"] == 0.2
+    (dead,) = [e for e in events if e["event"] == "dead_letter"]
+    assert (dead["channel"], dead["seq"], dead["attempt"], dead["reason"]) == ("jobs", 1, 2, "max_deliver")
+    leaves = [e for e in events if e["event"] == "member_leave"]
+    assert {e["member"] for e in leaves} == {"mon-q1", "mon-q2"} and {e["group"] for e in leaves} == {"workers"}
+
+    # Acks name the attempt they acknowledged; timestamps never go backwards within a file.
+    acked = {(e["channel"], e["sub"], e["seq"], e["attempt"]) for e in events if e["event"] == "ack"}
+    assert ("orders", timeouts[0]["sub"], 1, 2) in acked
+    stamps = [e["ts"] for e in events]
+    assert stamps == sorted(stamps)
+    assert 1_700_000_000_000_000 < stamps[0] < 4_000_000_000_000_000  # microseconds since the epoch
+
+
+async def test_the_log_rolls_over_by_size_and_loses_nothing(tmp_path: Path) -> None:
+    log_dir = tmp_path / "events"
+    cfg = config(tmp_path / "data", event_log=str(log_dir), event_log_rotate=4096)
+    async with running(cfg) as server:
+        assert server.event_log is not None
+        server.event_log.interval = 0.01  # many small batches, so rotation happens mid-run
+        async with scripted_run(server.port):
+            await trio.sleep(0.1)
+    files = sorted(log_dir.glob("events-*.jsonl"))
+    assert len(files) >= 2
+    assert all(f.stat().st_size < 4096 + 64 * 1024 for f in files)
+    events = read_events(log_dir)
+    assert sum(1 for e in events if e["event"] == "publish") == ORDERS + AUDIT + 2
+    assert not [e for e in events if problems(e)]
+
+
+def test_the_schema_check_catches_what_it_should() -> None:
+    good = {
+        "ts": 1,
+        "event": "deliver",
+        "channel": "c",
+        "seq": 1,
+        "sub": 3,
+        "group": None,
+        "member": "m",
+        "attempt": 1,
+        "ack_wait_s": 30.0,
+        "reason": "new",
+    }
+    assert problems(good) == []
+    assert problems({**good, "reason": "because"})
+    assert problems({**good, "event": "explode"})
+    assert problems({**good, "seq": "1"})
+    assert problems({**good, "attempt": None})
+    assert problems({k: v for k, v in good.items() if k != "ts"})
