@@ -11,7 +11,7 @@ from typing import Any, Final
 # field -> (JSON type, meaning); the order is the order in each line.
 FIELDS: Final[dict[str, tuple[str, str]]] = {
     "ts": ("integer", "microseconds since the Unix epoch, UTC"),
-    "event": ("string", "one of EVENTS"),
+    "event": ("string", "the kind of event (EVENTS)"),
     "channel": ("string", "channel name (null for server_start)"),
     "seq": ("integer", "message sequence (publish, deliver, ack, ack_timeout, dead_letter)"),
     "sub": ("integer", "subscription id (unique within a server's data directory)"),

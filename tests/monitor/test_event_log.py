@@ -10,7 +10,7 @@ from typing import Any
 
 import trio
 
-from streaming.event_schema import EVENTS, problems
+from streaming.event_schema import EVENTS, FIELDS, problems
 from tests.monitor.traffic import AUDIT, DLQ_CHANNEL, ORDERS, scripted_run
 from tests.wire.servers import config, running
 
@@ -91,3 +91,11 @@ def test_the_schema_check_catches_what_it_should() -> None:
     assert problems({**good, "seq": "1"})
     assert problems({**good, "attempt": None})
     assert problems({k: v for k, v in good.items() if k != "ts"})
+
+
+def test_the_readme_documents_the_schema_as_it_is() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for name, (kind, meaning) in FIELDS.items():
+        assert f"| `{name}` | {kind} | {meaning} |" in readme, name
+    for event in EVENTS:
+        assert f"`{event}` (" in readme, event
