@@ -1,8 +1,9 @@
 """The delivery event log: JSON Lines (schema in `streaming.event_schema`) for the Spark jobs.
 
-The hot paths only append `(timestamp, event)` to a list (a publish burst is one entry per channel);
-a writer task encodes what accumulated every `interval` seconds and writes it on a worker thread, into
-`events-<start>-<n>.jsonl` files that roll over past `rotate_bytes`.
+The hot paths append one preformatted line per delivery event (a few fragments cached per
+subscription) and one entry per channel per publish burst; a writer task joins what accumulated every
+`interval` seconds and writes it on a worker thread, into `events-<start>-<n>.jsonl` files that roll
+over past `rotate_bytes`.
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ from streaming.engine import (
     Event,
     MemberJoined,
     MemberLeft,
+    SubRef,
 )
 
 log = logging.getLogger(__name__)
-
-_Publish = tuple[str, int, int]  # channel, first seq, count
 
 
 class EventLog:
@@ -35,8 +35,9 @@ class EventLog:
         self.directory = directory
         self.rotate_bytes = rotate_bytes
         self.interval = interval
-        self._pending: list[tuple[int, Event | _Publish]] = []
+        self._pending: list[str | tuple[int, str, int, int]] = []  # lines, and publish runs
         self._quoted: dict[str, str] = {}
+        self._subs: dict[int, tuple[SubRef, str, str]] = {}  # id(SubRef) -> (it, JSON around seq)
         self._file: IO[bytes] | None = None
         self._file_size = 0
         self._files = 0
@@ -46,11 +47,14 @@ class EventLog:
     # -- observers (hot paths: one append) -------------------------------------------------------
 
     def on_event(self, event: Event) -> None:
-        if type(event) in _ENCODERS:
-            self._pending.append((time.time_ns() // 1000, event))
+        # Encoded at once: a string is cheaper to keep until the next write than the event object
+        # (which the garbage collector would otherwise walk over, many thousands at a time).
+        encode = _ENCODERS.get(type(event))
+        if encode is not None:
+            self._pending.append(encode(self, time.time_ns() // 1000, event))
 
     def on_published(self, channel: str, first_seq: int, count: int, nbytes: int) -> None:
-        self._pending.append((time.time_ns() // 1000, (channel, first_seq, count)))
+        self._pending.append((time.time_ns() // 1000, channel, first_seq, count))
 
     def on_commit(self, seconds: float, messages: int) -> None:
         pass
@@ -120,17 +124,17 @@ class EventLog:
             f'"attempt":{_num(attempt)},"ack_wait_s":{_num(ack_wait_s)},"reason":{_opt(reason, self._q)}}}\n'
         )
 
-    def _encode(self, batch: list[tuple[int, Event | _Publish]]) -> list[str]:
+    def _encode(self, batch: list[str | tuple[int, str, int, int]]) -> list[str]:
         lines: list[str] = []
         q = self._q
-        for ts, item in batch:
-            if type(item) is tuple:
-                channel, first, count = item
-                head = f'{{"ts":{ts},"event":"publish","channel":{q(channel)},"seq":'
-                tail = ',"sub":null,"group":null,"member":null,"attempt":null,"ack_wait_s":null,"reason":null}\n'
-                lines += [f"{head}{seq}{tail}" for seq in range(first, first + count)]
+        tail = ',"sub":null,"group":null,"member":null,"attempt":null,"ack_wait_s":null,"reason":null}\n'
+        for item in batch:
+            if isinstance(item, str):
+                lines.append(item)
             else:
-                lines.append(_ENCODERS[type(item)](self, ts, item))
+                ts, channel, first, count = item
+                head = f'{{"ts":{ts},"event":"publish","channel":{q(channel)},"seq":'
+                lines += [f"{head}{seq}{tail}" for seq in range(first, first + count)]
         return lines
 
 
@@ -142,40 +146,57 @@ def _num(value: float | None) -> str:
     return "null" if value is None else repr(value)
 
 
-def _group(event: Any) -> str | None:
-    return event.sub.queue_group or event.sub.durable_name or None
+def _parts(log_: EventLog, sub: SubRef) -> tuple[str, str]:
+    """The JSON around `seq` that a subscription's lines share, made once per subscription:
+    `"channel":...,"seq":` and `,"sub":...,"group":...,"member":...,`."""
+    cached = log_._subs.get(id(sub))
+    if cached is not None and cached[0] is sub:  # `is`: an id can be reused once a SubRef is gone
+        return cached[1], cached[2]
+    if len(log_._subs) > 100_000:
+        log_._subs.clear()
+    q = log_._q
+    group = sub.queue_group or sub.durable_name
+    head = f'"channel":{q(sub.channel)},"seq":'
+    tail = f',"sub":{sub.sub_id},"group":{q(group) if group else "null"},"member":{q(sub.client_id)},'
+    log_._subs[id(sub)] = (sub, head, tail)
+    return head, tail
 
 
 def _deliver(log_: EventLog, ts: int, e: Delivered) -> str:
-    s = e.sub
-    return log_._line(ts, "deliver", s.channel, e.seq, s.sub_id, _group(e), s.client_id, e.attempt, e.ack_wait_s,
-                      e.reason.value)  # fmt: skip
+    head, tail = _parts(log_, e.sub)
+    return (
+        f'{{"ts":{ts},"event":"deliver",{head}{e.seq}{tail}"attempt":{e.attempt},'
+        f'"ack_wait_s":{e.ack_wait_s!r},"reason":"{e.reason.value}"}}\n'
+    )
 
 
 def _ack(log_: EventLog, ts: int, e: Acked) -> str:
-    s = e.sub
-    return log_._line(ts, "ack", s.channel, e.seq, s.sub_id, _group(e), s.client_id, e.attempt)
+    head, tail = _parts(log_, e.sub)
+    return f'{{"ts":{ts},"event":"ack",{head}{e.seq}{tail}"attempt":{e.attempt},"ack_wait_s":null,"reason":null}}\n'
 
 
 def _ack_timeout(log_: EventLog, ts: int, e: AckTimedOut) -> str:
-    s = e.sub
-    return log_._line(ts, "ack_timeout", s.channel, e.seq, s.sub_id, _group(e), s.client_id, e.attempt, e.ack_wait_s)
+    head, tail = _parts(log_, e.sub)
+    return (
+        f'{{"ts":{ts},"event":"ack_timeout",{head}{e.seq}{tail}"attempt":{e.attempt},'
+        f'"ack_wait_s":{e.ack_wait_s!r},"reason":null}}\n'
+    )
 
 
 def _dead_letter(log_: EventLog, ts: int, e: DeadLettered) -> str:
-    s = e.sub
-    return log_._line(ts, "dead_letter", s.channel, e.seq, s.sub_id, _group(e), s.client_id, e.attempts,
-                      reason="max_deliver")  # fmt: skip
+    head, tail = _parts(log_, e.sub)
+    return (
+        f'{{"ts":{ts},"event":"dead_letter",{head}{e.seq}{tail}"attempt":{e.attempts},'
+        '"ack_wait_s":null,"reason":"max_deliver"}\n'
+    )
 
 
-def _member_join(log_: EventLog, ts: int, e: MemberJoined) -> str:
-    s = e.sub
-    return log_._line(ts, "member_join", s.channel, None, s.sub_id, _group(e), s.client_id)
+def _member(kind: str) -> Any:
+    def encode(log_: EventLog, ts: int, e: MemberJoined | MemberLeft) -> str:
+        head, tail = _parts(log_, e.sub)
+        return f'{{"ts":{ts},"event":"{kind}",{head}null{tail}"attempt":null,"ack_wait_s":null,"reason":null}}\n'
 
-
-def _member_leave(log_: EventLog, ts: int, e: MemberLeft) -> str:
-    s = e.sub
-    return log_._line(ts, "member_leave", s.channel, None, s.sub_id, _group(e), s.client_id)
+    return encode
 
 
 _ENCODERS: dict[type, Any] = {
@@ -183,6 +204,6 @@ _ENCODERS: dict[type, Any] = {
     Acked: _ack,
     AckTimedOut: _ack_timeout,
     DeadLettered: _dead_letter,
-    MemberJoined: _member_join,
-    MemberLeft: _member_leave,
+    MemberJoined: _member("member_join"),
+    MemberLeft: _member("member_leave"),
 }
