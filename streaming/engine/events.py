@@ -69,7 +69,7 @@ class SubRef:
     queue_group: str = ""
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)  # not frozen: one per message, and frozen classes cost twice as much
 class Delivered:
     sub: SubRef
     seq: int
@@ -78,7 +78,7 @@ class Delivered:
     ack_wait_s: float
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)  # not frozen: one per message, and frozen classes cost twice as much
 class Acked:
     sub: SubRef
     seq: int
