@@ -162,6 +162,13 @@ def _json(raw: bytes) -> dict[str, Any]:
 class _Parser:
     """Line framing and payload collection shared by both directions."""
 
+    # The subclass's message operation as peers write it (groups: its header fields, then the size),
+    # and how `_fast_event` makes its event from those groups and the payload.
+    _fast: re.Pattern[bytes]
+
+    def _fast_event(self, groups: tuple[bytes, ...], payload: bytes) -> Event:
+        raise NotImplementedError
+
     def __init__(self, max_payload: int, max_control_line: int) -> None:
         self.max_payload = max_payload
         self.max_control_line = max_control_line
@@ -187,7 +194,29 @@ class _Parser:
 
     def next_event(self) -> Event | _NeedData:
         buf = self._buf
-        if self._payload is not None:
+        if self._payload is None:
+            # The message operation as every peer writes it (single spaces, CRLF) with its payload
+            # already buffered: one regex call. Anything else, every error included, takes the general
+            # path below.
+            match = self._fast.match(buf, self._pos)
+            if match is not None:
+                groups = match.groups(b"")
+                start = match.end()
+                size = int(groups[-1])
+                end = start + size
+                if (
+                    start - self._pos - 2 <= self.max_control_line
+                    and size <= self.max_payload
+                    and buf[end : end + 2] == b"\r\n"
+                ):
+                    try:
+                        event = self._fast_event(groups, bytes(buf[start:end]))
+                    except UnicodeDecodeError:
+                        pass  # the general path reports it
+                    else:
+                        self._pos = end + 2
+                        return event
+        else:
             header, size = self._payload
             end = self._pos + size
             if len(buf) < end + 2:
@@ -236,38 +265,16 @@ class _Parser:
         raise NotImplementedError
 
 
-# A PUB as every client writes it (one space, CRLF) with its payload already buffered: matched in one
-# regex call. Anything else, including every error case, goes through the general parser.
-_PUB_FAST = re.compile(rb"PUB ([^\s]+) (?:([^\s]+) )?(\d+)\r\n")
-
-
 class ServerConnection(_Parser):
     """The server's side of one client connection: parses client operations."""
 
+    _fast = re.compile(rb"PUB ([^\s]+) (?:([^\s]+) )?(\d+)\r\n")
+
+    def _fast_event(self, groups: tuple[bytes, ...], payload: bytes) -> Event:
+        return Pub(groups[0].decode(), groups[1].decode(), payload)
+
     def __init__(self, max_payload: int = MAX_PAYLOAD, max_control_line: int = MAX_CONTROL_LINE) -> None:
         super().__init__(max_payload, max_control_line)
-
-    def next_event(self) -> Event | _NeedData:
-        if self._payload is None:
-            buf, pos = self._buf, self._pos
-            match = _PUB_FAST.match(buf, pos)
-            if match is not None:
-                start = match.end()
-                size = int(match[3])
-                end = start + size
-                if (
-                    start - pos - 2 <= self.max_control_line
-                    and size <= self.max_payload
-                    and buf[end : end + 2] == b"\r\n"
-                ):
-                    try:
-                        subject = match[1].decode()
-                        reply = match[2].decode() if match[2] is not None else ""
-                    except UnicodeDecodeError:
-                        return super().next_event()
-                    self._pos = end + 2
-                    return Pub(subject, reply, bytes(buf[start:end]))
-        return super().next_event()
 
     def _control(self, op: bytes, rest: bytes) -> Event | _NeedData:
         if op == b"PUB":
@@ -309,36 +316,16 @@ class ServerConnection(_Parser):
         return Pub(subject, reply, payload)
 
 
-_MSG_FAST = re.compile(rb"MSG ([^\s]+) ([^\s]+) (?:([^\s]+) )?(\d+)\r\n")
-
-
 class ClientConnection(_Parser):
     """A client's side of its connection: parses server operations."""
 
+    _fast = re.compile(rb"MSG ([^\s]+) ([^\s]+) (?:([^\s]+) )?(\d+)\r\n")
+
+    def _fast_event(self, groups: tuple[bytes, ...], payload: bytes) -> Event:
+        return Msg(groups[0].decode(), groups[1].decode(), groups[2].decode(), payload)
+
     def __init__(self, max_payload: int = 64 * MAX_PAYLOAD, max_control_line: int = MAX_CONTROL_LINE) -> None:
         super().__init__(max_payload, max_control_line)
-
-    def next_event(self) -> Event | _NeedData:
-        if self._payload is None:  # the fast path of ServerConnection.next_event, for MSG
-            buf, pos = self._buf, self._pos
-            match = _MSG_FAST.match(buf, pos)
-            if match is not None:
-                start = match.end()
-                size = int(match[4])
-                end = start + size
-                if (
-                    start - pos - 2 <= self.max_control_line
-                    and size <= self.max_payload
-                    and buf[end : end + 2] == b"\r\n"
-                ):
-                    try:
-                        subject, sid = match[1].decode(), match[2].decode()
-                        reply = match[3].decode() if match[3] is not None else ""
-                    except UnicodeDecodeError:
-                        return super().next_event()
-                    self._pos = end + 2
-                    return Msg(subject, sid, reply, bytes(buf[start:end]))
-        return super().next_event()
 
     def _control(self, op: bytes, rest: bytes) -> Event | _NeedData:
         if op == b"MSG":
