@@ -63,7 +63,8 @@ class EventLog:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await trio.to_thread.run_sync(lambda: self.directory.mkdir(parents=True, exist_ok=True))
-        self._write_lines([self._line(time.time_ns() // 1000, "server_start")])
+        start = f'{{"ts":{time.time_ns() // 1000},"event":"server_start","channel":null,"seq":null{_NO_SEQ}'
+        await trio.to_thread.run_sync(self._write_lines, [start])
         task_status.started()
         try:
             while True:
@@ -105,45 +106,21 @@ class EventLog:
             quoted = self._quoted[text] = json.dumps(text)
         return quoted
 
-    def _line(
-        self,
-        ts: int,
-        event: str,
-        channel: str | None = None,
-        seq: int | None = None,
-        sub: int | None = None,
-        group: str | None = None,
-        member: str | None = None,
-        attempt: int | None = None,
-        ack_wait_s: float | None = None,
-        reason: str | None = None,
-    ) -> str:
-        return (
-            f'{{"ts":{ts},"event":"{event}","channel":{_opt(channel, self._q)},"seq":{_num(seq)},'
-            f'"sub":{_num(sub)},"group":{_opt(group, self._q)},"member":{_opt(member, self._q)},'
-            f'"attempt":{_num(attempt)},"ack_wait_s":{_num(ack_wait_s)},"reason":{_opt(reason, self._q)}}}\n'
-        )
-
     def _encode(self, batch: list[str | tuple[int, str, int, int]]) -> list[str]:
         lines: list[str] = []
         q = self._q
-        tail = ',"sub":null,"group":null,"member":null,"attempt":null,"ack_wait_s":null,"reason":null}\n'
         for item in batch:
             if isinstance(item, str):
                 lines.append(item)
             else:
                 ts, channel, first, count = item
                 head = f'{{"ts":{ts},"event":"publish","channel":{q(channel)},"seq":'
-                lines += [f"{head}{seq}{tail}" for seq in range(first, first + count)]
+                lines += [f"{head}{seq}{_NO_SEQ}" for seq in range(first, first + count)]
         return lines
 
 
-def _opt(value: str | None, quote: Any) -> str:
-    return "null" if value is None else str(quote(value))
-
-
-def _num(value: float | None) -> str:
-    return "null" if value is None else repr(value)
+# The fields after `seq` of an event about no subscription (publish, server_start).
+_NO_SEQ = ',"sub":null,"group":null,"member":null,"attempt":null,"ack_wait_s":null,"reason":null}\n'
 
 
 def _parts(log_: EventLog, sub: SubRef) -> tuple[str, str]:
@@ -155,7 +132,7 @@ def _parts(log_: EventLog, sub: SubRef) -> tuple[str, str]:
     if len(log_._subs) > 100_000:
         log_._subs.clear()
     q = log_._q
-    group = sub.queue_group or sub.durable_name
+    group = sub.group
     head = f'"channel":{q(sub.channel)},"seq":'
     tail = f',"sub":{sub.sub_id},"group":{q(group) if group else "null"},"member":{q(sub.client_id)},'
     log_._subs[id(sub)] = (sub, head, tail)

@@ -26,8 +26,9 @@ from streaming.engine import (
     Event,
     MemberJoined,
     MemberLeft,
-    SubRef,
 )
+from streaming.nats.broker import PROTOCOL_ERROR_KINDS
+from streaming.stan.server import REFUSAL_KINDS
 
 if TYPE_CHECKING:
     from streaming.server import Running
@@ -37,10 +38,6 @@ PREFIX = "streaming"
 ACK_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 7, 10, 20, 50, 100)
 COMMIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
-
-
-def group_label(sub: SubRef) -> str:
-    return sub.queue_group or sub.durable_name
 
 
 def version() -> str:
@@ -128,17 +125,17 @@ class Metrics:
 
     def on_event(self, event: Event) -> None:
         if type(event) is Delivered:
-            labels = (event.sub.channel, group_label(event.sub))
+            labels = (event.sub.channel, event.sub.group)
             self._inc(self.deliveries, (*labels, event.reason.value), 1)
             self._observe(self.attempts, labels, event.attempt)
         elif type(event) is Acked:
-            labels = (event.sub.channel, group_label(event.sub))
+            labels = (event.sub.channel, event.sub.group)
             self._inc(self.acks, labels, 1)
             self._observe(self.ack_latency, labels, event.pending_s)
         elif type(event) is AckTimedOut:
-            self._inc(self.ack_timeouts, (event.sub.channel, group_label(event.sub)), 1)
+            self._inc(self.ack_timeouts, (event.sub.channel, event.sub.group), 1)
         elif type(event) is DeadLettered:
-            self._inc(self.dead_lettered, (event.sub.channel, group_label(event.sub)), 1)
+            self._inc(self.dead_lettered, (event.sub.channel, event.sub.group), 1)
         elif type(event) is MemberJoined:
             self._inc(self.member_changes, (event.sub.channel, event.sub.queue_group, "join"), 1)
         elif type(event) is MemberLeft:
@@ -234,16 +231,9 @@ class _StateCollector(Collector):
         errors = CounterMetricFamily(
             f"{PREFIX}_protocol_errors", "Protocol errors and refused STAN requests", labels=["kind"]
         )
-        for kind in (
-            "unknown_operation",
-            "max_control_line",
-            "max_payload",
-            "invalid_subject",
-            "invalid_publish_subject",
-            "other",
-        ):
+        for kind in PROTOCOL_ERROR_KINDS:
             errors.add_metric([kind], broker.protocol_errors[kind])
-        for kind in ("stan_connect", "stan_subscription", "stan_close", "stan_ping", "stan_publish"):
+        for kind in REFUSAL_KINDS:
             errors.add_metric([kind], stan.refused[kind])
         yield errors
         connections = GaugeMetricFamily(f"{PREFIX}_connections", "Open NATS connections")

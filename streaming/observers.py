@@ -1,6 +1,6 @@
 """What the group commit tells metrics and the event log, beside the delivery engine's own events
-(`streaming.engine.Observer`): one interface, a do-nothing default and a fan-out, so the publish path
-makes one call whether zero, one or two observers listen. (Counters the broker and the STAN layer keep
+(`streaming.engine.Observer`): one interface and a fan-out, so the publish path makes one call when
+one or two observers listen (and skips the bookkeeping when none does). (Counters the broker and the STAN layer keep
 themselves, such as slow consumers and refused requests, are read at scrape time instead.)
 """
 
@@ -15,14 +15,6 @@ class ServerObserver(Protocol):
 
     def on_commit(self, seconds: float, messages: int) -> None:
         """One group commit (store append, fsync included) took `seconds`."""
-
-
-class NullObserver:
-    def on_published(self, channel: str, first_seq: int, count: int, nbytes: int) -> None:
-        pass
-
-    def on_commit(self, seconds: float, messages: int) -> None:
-        pass
 
 
 class Fanout:

@@ -36,7 +36,7 @@ import trio
 
 from storage import ChannelError, NewMessage, Store, StoreError, SubUpdate
 from streaming.engine import DeadLetter, Delivery, Engine, dead_letter_payload
-from streaming.observers import NullObserver, ServerObserver
+from streaming.observers import ServerObserver
 
 log = logging.getLogger(__name__)
 _INLINE_APPLY = 2000  # updates per store call when the store runs on the Trio thread
@@ -85,7 +85,7 @@ class EngineRuntime:
         observer: ServerObserver | None = None,
     ) -> None:
         self.engine = engine
-        self._observer: ServerObserver = observer or NullObserver()
+        self._observer = observer
         self.store: Store = engine.store
         self._deliver = deliver
         self._store_in_thread = store_in_thread
@@ -308,9 +308,10 @@ class EngineRuntime:
             return
         started = time.perf_counter()
         result = await self._call(partial(self.store.append, messages))
-        self._observer.on_commit(time.perf_counter() - started, len(messages))
-        for message, (seq, _) in zip(messages, result.assigned, strict=True):
-            self._observer.on_published(message.channel, seq, 1, len(message.data))
+        if self._observer is not None:
+            self._observer.on_commit(time.perf_counter() - started, len(messages))
+            for message, (seq, _) in zip(messages, result.assigned, strict=True):
+                self._observer.on_published(message.channel, seq, 1, len(message.data))
         now = trio.current_time()
         for channel, dropped in result.dropped.items():
             self.engine.on_dropped(channel, dropped)

@@ -77,7 +77,7 @@ async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] =
             store,
             store_in_thread=config.store == "lmdb",
             engine_observers=observers,
-            observer=Fanout(list(observers)) if len(observers) > 1 else (observers[0] if observers else None),
+            observer=Fanout(list(observers)) if observers else None,
         )
         async with trio.open_nursery() as nursery:
             if event_log is not None:

@@ -68,6 +68,11 @@ class SubRef:
     durable_name: str = ""
     queue_group: str = ""
 
+    @property
+    def group(self) -> str:
+        """The label metrics and the event log use: the queue group, else the durable name, else ""."""
+        return self.queue_group or self.durable_name
+
 
 @attrs.define(slots=True)  # not frozen: one per message, and frozen classes cost twice as much
 class Delivered:

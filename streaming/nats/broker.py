@@ -68,6 +68,7 @@ _ERROR_KINDS: dict[str, str] = {
     p.INVALID_SUBJECT: "invalid_subject",
     p.INVALID_PUBLISH_SUBJECT: "invalid_publish_subject",
 }
+PROTOCOL_ERROR_KINDS = (*_ERROR_KINDS.values(), "other")  # every key of Broker.protocol_errors
 
 
 class _Sub:

@@ -20,7 +20,7 @@ import trio
 
 from storage import AppendResult, ChannelError, Message, NewMessage, Store, StoreError
 from streaming.engine import Engine
-from streaming.observers import NullObserver, ServerObserver
+from streaming.observers import ServerObserver
 from streaming.runtime import EngineRuntime, call_store
 from streaming.stan.pb import protocol_pb2 as pb
 
@@ -69,7 +69,7 @@ class Publisher:
         self._max_batch = max_batch
         self._high_water = high_water
         self._inline_batch = inline_batch
-        self._observer: ServerObserver = observer or NullObserver()
+        self._observer = observer
         self._queue: list[Publish] = []
         self._work = trio.Event()
         self._room = trio.Event()
@@ -153,7 +153,8 @@ class Publisher:
                 in_thread = self._in_thread and len(messages) > self._inline_batch
                 started = time.perf_counter()
                 result = await call_store(partial(self._store.append, messages), in_thread=in_thread)
-                self._observer.on_commit(time.perf_counter() - started, len(messages))
+                if self._observer is not None:
+                    self._observer.on_commit(time.perf_counter() - started, len(messages))
             except StoreError as exc:
                 log.error("could not store %d messages: %s", len(messages), exc)
                 errors = {id(p): f"stan: store error: {exc}" for p in accepted}
@@ -192,24 +193,31 @@ class Publisher:
         now = trio.current_time()
         by_channel: dict[str, list[Message]] = {}
         readers: dict[str, bool] = {}
-        runs: dict[str, list[int]] = {}  # channel -> [first seq, count, bytes]
         for p, (seq, timestamp) in zip(accepted, result.assigned, strict=True):
             messages = by_channel.get(p.channel)
             if messages is None:
                 messages = by_channel[p.channel] = []
                 readers[p.channel] = engine.has_readers(p.channel)
-                run = runs[p.channel] = [seq, 0, 0]
-            else:
-                run = runs[p.channel]
-            run[1] += 1
-            run[2] += len(p.data)
             if readers[p.channel]:  # handed over so the engine need not read them back
                 messages.append(Message(seq, timestamp, p.channel, p.reply, p.data))
-        for channel, (first, count, nbytes) in runs.items():
-            self._observer.on_published(channel, first, count, nbytes)
+        if self._observer is not None:
+            self._tell_observer(self._observer, accepted, result)
         for channel, messages in by_channel.items():
             engine.on_appended(channel, now, messages)
         self._runtime.sync()
+
+    @staticmethod
+    def _tell_observer(observer: ServerObserver, accepted: list[Publish], result: AppendResult) -> None:
+        """One call per channel: the store numbers a channel's messages of one append consecutively."""
+        runs: dict[str, list[int]] = {}  # channel -> [first seq, count, bytes]
+        for p, (seq, _) in zip(accepted, result.assigned, strict=True):
+            run = runs.get(p.channel)
+            if run is None:
+                run = runs[p.channel] = [seq, 0, 0]
+            run[1] += 1
+            run[2] += len(p.data)
+        for channel, (first, count, nbytes) in runs.items():
+            observer.on_published(channel, first, count, nbytes)
 
     async def _create_channels(self, names: set[str]) -> dict[str, str]:
         refused: dict[str, str] = {}

@@ -81,6 +81,7 @@ _REFUSAL_KINDS: dict[type, str] = {
     pb.PingResponse: "stan_ping",
     pb.PubAck: "stan_publish",
 }
+REFUSAL_KINDS = tuple(_REFUSAL_KINDS.values())  # every key of StanServer.refused
 
 
 def _nuid() -> str:
