@@ -31,7 +31,12 @@ def _server_parser() -> argparse.ArgumentParser:
     add("-c", "--config", help="TOML configuration file")
     add("-a", "--addr", "--net", dest="host", help="interface to listen on (default 0.0.0.0)")
     add("-p", "--port", type=int, help="NATS client port (default 4222; 0 = any free port)")
-    add("-m", "--http_port", type=int, help="HTTP monitoring port: /metrics and /streaming/*z (default 0 = off)")
+    add(
+        "-m",
+        "--http_port",
+        type=int,
+        help="HTTP monitoring port: /metrics and /streaming/*z (default 0 = off, -1 = any free port)",
+    )
     add("-cid", "--cluster_id", help="cluster ID (default test-cluster)")
     add("-st", "--store", choices=["lmdb", "memory"], help="store type (default lmdb)")
     add("--dir", help="data directory for the lmdb store (default ./streaming-data)")
