@@ -25,8 +25,9 @@ sys.path.insert(0, str(ROOT))
 import trio  # noqa: E402
 from rich.console import Console  # noqa: E402
 
+from bench.peers import free_port, stop, wait_port  # noqa: E402
 from bench.report import print_report  # noqa: E402
-from bench.wire import free_port, ours, stop, wait_port  # noqa: E402
+from bench.wire import ours  # noqa: E402
 
 
 def run(n_async: int, n_consume: int, event_log: bool) -> tuple[dict[str, float], int]:

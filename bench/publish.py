@@ -1,0 +1,189 @@
+"""Durable publish against real peers, same machine, same run: pipelined and one at a time, 128 B and 4 KiB.
+
+    python bench/publish.py [--quick] [--json] [--plot FILE.png]
+
+Systems, each in its own process on loopback, driven from this one:
+- ours: `python -m streaming` (LMDB; a PubAck only after the group commit's fsync), our Trio client;
+- jetstream: `nats-server -js`, file storage at its default sync (fsync every 2 minutes), nats-py;
+- jetstream_sync: the same with `sync_interval: always` (an fsync per write, like ours);
+- redis: `redis-server --appendonly yes` (appendfsync everysec, its default), XADD with redis-py.
+
+Pipelined: as many publishes in flight as the client allows (ours: its PubAck window; nats-py:
+`publish_async`; redis-py: pipelines of 1,000 XADDs), until the last confirmation. One at a time: each
+publish waits for its confirmation; bounded by count and by `SEQUENTIAL_SECONDS`.
+
+JSON keys: `<system>_<mode>_<size>_msgs_per_s` for every case; ratios ours / peer as
+`ratio_<mode>[_4k]_vs_<peer>` with mode `async` (pipelined) or `sync` (one at a time), e.g.
+`ratio_async_vs_jetstream` (128 B, pipelined; issue 4's target >= 2.5) and `ratio_async_vs_redis`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import trio  # noqa: E402
+from rich.console import Console  # noqa: E402
+
+from bench import peers  # noqa: E402
+from bench.report import bar_plot, print_report, progress  # noqa: E402
+from bench.wire import publish_pipelined  # noqa: E402
+from streaming.client import connect  # noqa: E402
+
+SIZES = {"128": 128, "4k": 4096}
+SEQUENTIAL_SECONDS = 5.0
+SYSTEMS = ("ours", "jetstream", "jetstream_sync", "redis")
+
+
+async def _ours(port: int, size: int, n_async: int, n_sync: int) -> tuple[float, float]:
+    payload = b"x" * size
+    async with connect("test-cluster", "bench-publish", port=port) as sc:
+        for _ in range(200):
+            await sc.publish_async("warm", payload)
+        await sc.wait_pub_acks()
+        started = time.perf_counter()
+        futures = await publish_pipelined(sc, "async", n_async, payload)
+        await sc.wait_pub_acks()
+        assert all(f.error == "" for f in futures)
+        rate_async = n_async / (time.perf_counter() - started)
+        started = time.perf_counter()
+        done = 0
+        while done < n_sync and time.perf_counter() - started < SEQUENTIAL_SECONDS:
+            await sc.publish("sync", payload)
+            done += 1
+        return rate_async, done / (time.perf_counter() - started)
+
+
+async def _jetstream(port: int, size: int, n_async: int, n_sync: int) -> tuple[float, float]:
+    import nats
+    from nats.js.api import StorageType
+
+    payload = b"x" * size
+    nc = await nats.connect(f"nats://127.0.0.1:{port}")
+    try:
+        js = nc.jetstream()
+        for name in ("async", "sync", "warm"):
+            await js.add_stream(name=name.upper(), subjects=[name], storage=StorageType.FILE)
+        for _ in range(200):
+            await js.publish_async("warm", payload)
+        await js.publish_async_completed()
+        started = time.perf_counter()
+        futures = [await js.publish_async("async", payload) for _ in range(n_async)]
+        await asyncio.gather(*futures)
+        rate_async = n_async / (time.perf_counter() - started)
+        started = time.perf_counter()
+        done = 0
+        while done < n_sync and time.perf_counter() - started < SEQUENTIAL_SECONDS:
+            await js.publish("sync", payload)
+            done += 1
+        return rate_async, done / (time.perf_counter() - started)
+    finally:
+        await nc.close()
+
+
+async def _redis(port: int, size: int, n_async: int, n_sync: int) -> tuple[float, float]:
+    import redis.asyncio as aioredis
+
+    payload = b"x" * size
+    r = aioredis.Redis(port=port)
+    try:
+        await r.xadd("warm", {"d": payload})
+        started = time.perf_counter()
+        for first in range(0, n_async, 1000):
+            pipe = r.pipeline(transaction=False)
+            for _ in range(min(1000, n_async - first)):
+                pipe.xadd("async", {"d": payload})
+            await pipe.execute()
+        rate_async = n_async / (time.perf_counter() - started)
+        started = time.perf_counter()
+        done = 0
+        while done < n_sync and time.perf_counter() - started < SEQUENTIAL_SECONDS:
+            await r.xadd("sync", {"d": payload})
+            done += 1
+        return rate_async, done / (time.perf_counter() - started)
+    finally:
+        await r.aclose()
+
+
+def _server(system: str) -> AbstractContextManager[peers.Server]:
+    if system == "ours":
+        return peers.ours()
+    if system == "redis":
+        return peers.redis()
+    return peers.jetstream(sync_always=system == "jetstream_sync")
+
+
+def _run(system: str, port: int, size: int, n_async: int, n_sync: int) -> tuple[float, float]:
+    if system == "ours":
+        return trio.run(_ours, port, size, n_async, n_sync)
+    client: Callable[..., Any] = _redis if system == "redis" else _jetstream
+    result: tuple[float, float] = asyncio.run(client(port, size, n_async, n_sync))
+    return result
+
+
+def cases(quick: bool) -> Iterator[tuple[str, int, int, int]]:
+    """(size key, bytes, pipelined count, sequential count)."""
+    yield "128", 128, (20_000 if quick else 100_000), (300 if quick else 3_000)
+    yield "4k", 4096, (5_000 if quick else 20_000), (300 if quick else 2_000)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller runs (under a minute)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--plot", metavar="FILE.png", help="bar chart of every case")
+    args = parser.parse_args()
+    console = Console(stderr=args.json)
+    result: dict[str, Any] = {
+        "scale": "quick" if args.quick else "full",
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}",
+    }
+    todo = list(cases(args.quick))
+    with progress(console) as bar:
+        task = bar.add_task("publish", total=len(SYSTEMS) * len(todo))
+        for system in SYSTEMS:
+            for size_key, size, n_async, n_sync in todo:
+                bar.update(task, description=f"{system}, {size_key} B")
+                with _server(system) as server:  # a fresh server per case: no case sees another's data
+                    rate_async, rate_sync = _run(system, server.port, size, n_async, n_sync)
+                result[f"{system}_async_{size_key}_msgs_per_s"] = round(rate_async)
+                result[f"{system}_sync_{size_key}_msgs_per_s"] = round(rate_sync)
+                bar.advance(task)
+    rows = []
+    for mode in ("async", "sync"):
+        for size_key in SIZES:
+            suffix = "" if size_key == "128" else "_4k"
+            mine = result[f"ours_{mode}_{size_key}_msgs_per_s"]
+            rows.append((f"{mode} {size_key} B: ours", f"{mine:,}", ""))
+            for peer in SYSTEMS[1:]:
+                theirs = result[f"{peer}_{mode}_{size_key}_msgs_per_s"]
+                ratio = result[f"ratio_{mode}{suffix}_vs_{peer}"] = round(mine / theirs, 3)
+                target = ">= 2.5" if (mode, size_key, peer) == ("async", "128", "jetstream") else ""
+                if (mode, size_key, peer) == ("sync", "128", "jetstream"):
+                    target = ">= 1.5"
+                rows.append((f"{mode} {size_key} B: {peer} (ours / it)", f"{theirs:,} ({ratio:.2f})", target))
+    print_report(console, f"durable publish, msgs/s ({result['scale']})", rows, result, args.json)
+    if args.plot:
+        groups = {
+            f"{'pipelined' if mode == 'async' else 'sequential'} {size_key}": {
+                system: float(result[f"{system}_{mode}_{size_key}_msgs_per_s"]) for system in SYSTEMS
+            }
+            for mode in ("async", "sync")
+            for size_key in SIZES
+        }
+        bar_plot(args.plot, "durable publish", "messages/s (log)", groups, log=True)
+
+
+if __name__ == "__main__":
+    main()
