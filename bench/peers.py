@@ -12,10 +12,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import attrs
+
+SYSTEMS = ("ours", "jetstream", "jetstream_sync", "redis")
 
 
 @attrs.frozen
@@ -115,3 +117,12 @@ def redis(*, fsync: str = "everysec") -> Iterator[Server]:
     cmd += ["--appendonly", "yes", "--appendfsync", fsync, "--protected-mode", "no"]
     with _running("redis", cmd, port, data, False) as server:
         yield server
+
+
+def start(system: str) -> AbstractContextManager[Server]:
+    """One of SYSTEMS, at its benchmark settings."""
+    if system == "ours":
+        return ours()
+    if system == "redis":
+        return redis()
+    return jetstream(sync_always=system == "jetstream_sync")

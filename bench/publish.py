@@ -26,7 +26,6 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +36,13 @@ import trio  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
+from bench.peers import SYSTEMS  # noqa: E402
 from bench.report import bar_plot, print_report, progress  # noqa: E402
 from bench.wire import publish_pipelined  # noqa: E402
 from streaming.client import connect  # noqa: E402
 
 SIZES = {"128": 128, "4k": 4096}
 SEQUENTIAL_SECONDS = 5.0
-SYSTEMS = ("ours", "jetstream", "jetstream_sync", "redis")
 
 
 async def _ours(port: int, size: int, n_async: int, n_sync: int) -> tuple[float, float]:
@@ -116,14 +115,6 @@ async def _redis(port: int, size: int, n_async: int, n_sync: int) -> tuple[float
         await r.aclose()
 
 
-def _server(system: str) -> AbstractContextManager[peers.Server]:
-    if system == "ours":
-        return peers.ours()
-    if system == "redis":
-        return peers.redis()
-    return peers.jetstream(sync_always=system == "jetstream_sync")
-
-
 def _run(system: str, port: int, size: int, n_async: int, n_sync: int) -> tuple[float, float]:
     if system == "ours":
         return trio.run(_ours, port, size, n_async, n_sync)
@@ -155,7 +146,7 @@ def main() -> None:
         for system in SYSTEMS:
             for size_key, size, n_async, n_sync in todo:
                 bar.update(task, description=f"{system}, {size_key} B")
-                with _server(system) as server:  # a fresh server per case: no case sees another's data
+                with peers.start(system) as server:  # a fresh server per case: no case sees another's data
                     rate_async, rate_sync = _run(system, server.port, size, n_async, n_sync)
                 result[f"{system}_async_{size_key}_msgs_per_s"] = round(rate_async)
                 result[f"{system}_sync_{size_key}_msgs_per_s"] = round(rate_sync)

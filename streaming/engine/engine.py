@@ -707,7 +707,13 @@ class Engine:
             member = self._pick(group, for_new=True)
             if member is None:
                 break  # every member is stalled: the group is stalled (no store lookups)
-            batch = self._read(group.channel, group.last_sent + 1, READ_BATCH)
+            # Read no more than the members can take: after an ack that is one message, not a batch.
+            room = sum(
+                m.record.max_inflight - len(m.pending)
+                for m in group.members
+                if not m.stalled and not m.pending.due_count and not self._hb_failed(m)
+            )
+            batch = self._read(group.channel, group.last_sent + 1, min(room, READ_BATCH))
             if not batch:
                 group.last_sent = info.last_seq
                 break

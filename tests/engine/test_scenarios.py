@@ -20,6 +20,7 @@ from storage import (
     LmdbStore,
     MemoryStore,
     Message,
+    NewMessage,
     StartPosition,
     StoreLimits,
 )
@@ -656,3 +657,34 @@ def test_40_max_inactivity() -> None:
     h.publish("quiet", b"new")
     assert h.take(again) == [(1, 1, NEW)], "a re-created channel starts at sequence 1"
     assert active not in h.engine.subscriptions()
+
+
+class _CountingStore(MemoryStore):
+    """A real memory store that counts the messages the engine reads back from it."""
+
+    read_messages = 0
+
+    def read(self, channel: str, start_seq: int, max_count: int) -> list[Message]:
+        out = super().read(channel, start_seq, max_count)
+        self.read_messages += len(out)
+        return out
+
+
+@pytest.mark.parametrize("queue", ["", "g"])
+def test_an_ack_reads_only_what_the_subscriber_has_room_for(queue: str) -> None:
+    # A backlog in the store (not the engine's cache of what was just published): each ack frees one
+    # slot, so each ack may read one message, not a batch (which made queue groups ~20x slower).
+    store = _CountingStore()
+    store.ensure_channel("foo")
+    store.append([NewMessage("foo", b"m%d" % i) for i in range(2_000)])
+    h = Harness(store)
+    h.client()
+    sub = h.subscribe(queue=queue, max_inflight=10, start=StartPosition.FIRST)
+    delivered = 0
+    for _ in range(100):
+        seqs = h.seqs(sub)
+        assert len(seqs) >= 1
+        delivered += len(seqs)
+        h.ack(sub, *seqs)
+    assert delivered == 1_000
+    assert store.read_messages <= delivered + 10, f"{store.read_messages} read for {delivered} delivered"

@@ -1,0 +1,234 @@
+"""Push delivery with a manual ack per message (MaxInflight 1024) against real peers, same run.
+
+    python bench/consume.py [--quick] [--json] [--plot FILE.png]
+
+Each case pre-publishes a channel, then times from subscribing to the last message received and acked:
+- `1sub`: one subscriber reads the channel;
+- `10subs`: ten independent subscribers each read the whole channel (deliveries = 10 x messages);
+- `queue4`: a queue group of four members shares the channel.
+Every subscriber has its own connection, all in this process. Systems:
+- ours: STAN subscriptions (MaxInflight 1024, manual ack), our Trio client;
+- jetstream / jetstream_sync: push consumers (DeliverAll, AckExplicit, max_ack_pending 1024; the queue
+  group is one consumer with a deliver group, so its 1024 is shared by the members), nats-py;
+- redis: XREADGROUP (COUNT up to 1024 minus what is unacked; a consumer group per subscriber, one group
+  with four consumers for the queue), one XACK per message, sent in a pipeline per batch, redis-py.
+
+Figures are deliveries per second (acked). JSON keys: `<system>_<case>_msgs_per_s`,
+`ratio_<case>_vs_<peer>` and `ratio_vs_jetstream` (the 1-subscriber case; issue 4's target >= 1.0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, cast
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import trio  # noqa: E402
+from rich.console import Console  # noqa: E402
+
+from bench import peers  # noqa: E402
+from bench.peers import SYSTEMS  # noqa: E402
+from bench.report import bar_plot, print_report, progress  # noqa: E402
+from bench.wire import publish_pipelined  # noqa: E402
+from streaming.client import StartPosition, connect  # noqa: E402
+
+PAYLOAD = b"x" * 128
+CASES = {"1sub": (1, False), "10subs": (10, False), "queue4": (4, True)}  # subscribers, queue group
+
+
+def expected(case: str, messages: int) -> int:
+    subscribers, queue = CASES[case]
+    return messages if queue else subscribers * messages
+
+
+async def _ours(port: int, case: str, messages: int) -> float:
+    subscribers, queue = CASES[case]
+    async with connect("test-cluster", "bench-pub", port=port) as sc:
+        await publish_pipelined(sc, "consume", messages, PAYLOAD)
+        await sc.wait_pub_acks()
+    total = expected(case, messages)
+    received = 0
+    done = trio.Event()
+    loops = [trio.CancelScope() for _ in range(subscribers)]  # cancelled at the end; the rest exits cleanly
+
+    async def member(i: int) -> None:
+        nonlocal received
+        async with connect("test-cluster", f"bench-sub-{i}", port=port) as sc:
+            options: dict[str, Any] = {"queue": "workers"} if queue else {}
+            async with sc.subscribe(
+                "consume", start_at=StartPosition.FIRST, max_inflight=1024, manual_ack=True, **options
+            ) as sub:
+                with loops[i]:
+                    while received < total:
+                        msg = await sub.next_msg()
+                        msg.ack()
+                        received += 1
+                done.set()
+                for scope in loops:
+                    scope.cancel()
+
+    started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for i in range(subscribers):
+            nursery.start_soon(member, i)
+        await done.wait()
+        elapsed = time.perf_counter() - started
+    return total / elapsed
+
+
+async def _jetstream(port: int, case: str, messages: int) -> float:
+    import nats
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType
+
+    subscribers, queue = CASES[case]
+    nc = await nats.connect(f"nats://127.0.0.1:{port}")
+    js = nc.jetstream()
+    await js.add_stream(name="CONSUME", subjects=["consume"], storage=StorageType.FILE)
+    for first in range(0, messages, 10_000):
+        futures = [await js.publish_async("consume", PAYLOAD) for _ in range(min(10_000, messages - first))]
+        await asyncio.gather(*futures)
+    total = expected(case, messages)
+    received = 0
+    done = asyncio.Event()
+    conns = [await nats.connect(f"nats://127.0.0.1:{port}") for _ in range(subscribers)]
+
+    def config() -> ConsumerConfig:  # a new one each time: nats-py fills in the one it is given
+        return ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, max_ack_pending=1024, deliver_policy=DeliverPolicy.ALL)
+
+    started = time.perf_counter()
+    queue_subs = []
+    if queue:  # the members one after another, so that the group's consumer is made once
+        for conn in conns:
+            queue_subs.append(
+                await conn.jetstream().subscribe(
+                    "consume", queue="workers", durable="workers", config=config(), manual_ack=True
+                )
+            )
+
+    async def member(i: int) -> None:
+        nonlocal received
+        if queue:
+            sub = queue_subs[i]
+        else:
+            sub = await conns[i].jetstream().subscribe("consume", durable=f"d{i}", config=config(), manual_ack=True)
+        while received < total:
+            msg = await sub.next_msg(timeout=60)
+            await msg.ack()
+            received += 1
+        done.set()
+
+    tasks = [asyncio.create_task(member(i)) for i in range(subscribers)]
+    await done.wait()
+    elapsed = time.perf_counter() - started
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for conn in [*conns, nc]:
+        await conn.close()
+    return total / elapsed
+
+
+async def _redis(port: int, case: str, messages: int) -> float:
+    import redis.asyncio as aioredis
+
+    subscribers, queue = CASES[case]
+    r = aioredis.Redis(port=port)
+    for first in range(0, messages, 1000):
+        pipe = r.pipeline(transaction=False)
+        for _ in range(min(1000, messages - first)):
+            pipe.xadd("consume", {"d": PAYLOAD})
+        await pipe.execute()
+    groups = ["workers"] if queue else [f"g{i}" for i in range(subscribers)]
+    for group in groups:
+        await r.xgroup_create("consume", group, id="0")
+    total = expected(case, messages)
+    received = 0
+    done = asyncio.Event()
+    conns = [aioredis.Redis(port=port) for _ in range(subscribers)]
+
+    async def member(i: int) -> None:
+        nonlocal received
+        conn, group = conns[i], groups[0] if queue else groups[i]
+        while received < total:
+            reply = await conn.xreadgroup(group, f"c{i}", {"consume": ">"}, count=1024, block=1000)
+            if not reply:
+                continue
+            entries = cast(list[tuple[bytes, Any]], reply[0][1])  # type: ignore[index]
+            pipe = conn.pipeline(transaction=False)
+            for entry_id, _fields in entries:
+                pipe.xack("consume", group, entry_id)  # one XACK per message, as the others ack
+            await pipe.execute()
+            received += len(entries)
+        done.set()
+
+    started = time.perf_counter()
+    tasks = [asyncio.create_task(member(i)) for i in range(subscribers)]
+    await done.wait()
+    elapsed = time.perf_counter() - started
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for conn in [*conns, r]:
+        await conn.aclose()
+    return total / elapsed
+
+
+def run_case(system: str, case: str, messages: int) -> float:
+    with peers.start(system) as server:
+        if system == "ours":
+            return trio.run(_ours, server.port, case, messages)
+        if system == "redis":
+            return asyncio.run(_redis(server.port, case, messages))
+        return asyncio.run(_jetstream(server.port, case, messages))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller runs (under a minute)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--plot", metavar="FILE.png", help="bar chart of every case")
+    args = parser.parse_args()
+    console = Console(stderr=args.json)
+    # Messages in the channel per case (10subs reads each of them ten times).
+    sizes = (
+        {"1sub": 10_000, "10subs": 2_000, "queue4": 10_000}
+        if args.quick
+        else {"1sub": 50_000, "10subs": 10_000, "queue4": 50_000}
+    )
+    result: dict[str, Any] = {
+        "scale": "quick" if args.quick else "full",
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}",
+    }
+    with progress(console) as bar:
+        task = bar.add_task("consume", total=len(SYSTEMS) * len(CASES))
+        for system in SYSTEMS:
+            for case, messages in sizes.items():
+                bar.update(task, description=f"{system}, {case}")
+                result[f"{system}_{case}_msgs_per_s"] = round(run_case(system, case, messages))
+                bar.advance(task)
+    rows = []
+    for case in CASES:
+        mine = result[f"ours_{case}_msgs_per_s"]
+        rows.append((f"{case}: ours", f"{mine:,}", ""))
+        for peer in SYSTEMS[1:]:
+            theirs = result[f"{peer}_{case}_msgs_per_s"]
+            ratio = result[f"ratio_{case}_vs_{peer}"] = round(mine / theirs, 3)
+            target = ">= 1.0" if (case, peer) == ("1sub", "jetstream") else ""
+            rows.append((f"{case}: {peer} (ours / it)", f"{theirs:,} ({ratio:.2f})", target))
+    result["ratio_vs_jetstream"] = result["ratio_1sub_vs_jetstream"]
+    print_report(console, f"consume with an ack per message, deliveries/s ({result['scale']})", rows, result, args.json)
+    if args.plot:
+        groups = {case: {s: float(result[f"{s}_{case}_msgs_per_s"]) for s in SYSTEMS} for case in CASES}
+        bar_plot(args.plot, "push delivery, ack per message", "deliveries/s", groups)
+
+
+if __name__ == "__main__":
+    main()
