@@ -1,0 +1,269 @@
+"""AckWait redelivery timeliness against real peers: 10,000 unacked messages, AckWait 1 s.
+
+    python bench/redelivery.py [--quick] [--json] [--plot FILE.png]
+
+A subscriber receives every message without acking and notes when each arrived; the server must send
+each one again one AckWait later. The subscriber acks each redelivered copy at once, so a message that
+comes a third time is a duplicate. Lateness = arrival of the redelivery - (first arrival + 1 s),
+measured in the subscriber's process (so it includes the trip to the client both times).
+- ours: STAN subscription, AckWait 1 s, MaxInflight above the count (nothing waits for room);
+- jetstream: push consumer, ack_wait 1 s, max_ack_pending above the count, nats-py;
+- redis: XREADGROUP by one consumer, and a second one running an XAUTOCLAIM loop (min idle 1 s, every
+  10 ms): Redis has no redelivery of its own, this is what its users write.
+Ours also runs with its event log on, which gives the lateness as the server saw it
+(`ours_server_lateness_*`: second send - (first send + AckWait), without the trips to the client).
+The run ends when every message came back once, plus 1.5 s to catch duplicates (or after 30 s).
+
+JSON keys: `<system>_lateness_p50_ms/_p99_ms/_max_ms`, `<system>_redelivered_once_fraction`,
+`<system>_duplicates`; ours also as `lateness_p99_ms` and `redelivered_once_fraction` (targets: p99
+<= 20 ms, fraction 1.0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, cast
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import trio  # noqa: E402
+from rich.console import Console  # noqa: E402
+
+from bench import peers  # noqa: E402
+from bench.report import print_report, progress  # noqa: E402
+from bench.wire import publish_pipelined  # noqa: E402
+from streaming.client import StartPosition, connect  # noqa: E402
+
+PAYLOAD = b"x" * 128
+ACK_WAIT = 1.0
+LINGER = 1.5  # after the last redelivery: long enough for a second round to show up
+LIMIT = 30.0
+SYSTEMS = ("ours", "jetstream", "redis")
+
+
+class Tally:
+    """First arrivals, redelivery lateness and duplicates, keyed by message id."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.first: dict[Any, float] = {}
+        self.lateness: list[float] = []
+        self.again: Counter[Any] = Counter()
+
+    def arrived(self, key: Any, now: float) -> bool:
+        """Note an arrival; True when it is a redelivery (to be acked)."""
+        first = self.first.get(key)
+        if first is None:
+            self.first[key] = now
+            return False
+        self.again[key] += 1
+        if self.again[key] == 1:
+            self.lateness.append(now - (first + ACK_WAIT))
+        return True
+
+    @property
+    def all_back(self) -> bool:
+        return len(self.lateness) >= self.count
+
+    def figures(self) -> dict[str, float]:
+        ms = sorted(x * 1000 for x in self.lateness) or [float("nan")]
+        return {
+            "lateness_p50_ms": round(statistics.median(ms), 2),
+            "lateness_p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 2),
+            "lateness_max_ms": round(ms[-1], 2),
+            "redelivered_once_fraction": round(sum(1 for n in self.again.values() if n == 1) / self.count, 4),
+            "duplicates": sum(n - 1 for n in self.again.values()),
+        }
+
+
+async def _ours(port: int, count: int) -> dict[str, float]:
+    tally = Tally(count)
+    async with connect("test-cluster", "bench-redelivery", port=port) as sc:
+        await publish_pipelined(sc, "redeliver", count, PAYLOAD)
+        await sc.wait_pub_acks()
+        async with sc.subscribe(
+            "redeliver", start_at=StartPosition.FIRST, ack_wait=ACK_WAIT, max_inflight=count + 1, manual_ack=True
+        ) as sub:
+            with trio.move_on_after(LIMIT):
+                while not tally.all_back:
+                    msg = await sub.next_msg()
+                    if tally.arrived(msg.seq, time.perf_counter()):
+                        msg.ack()
+            with trio.move_on_after(LINGER):
+                while True:
+                    msg = await sub.next_msg()
+                    tally.arrived(msg.seq, time.perf_counter())
+                    msg.ack()
+    return tally.figures()
+
+
+async def _jetstream(port: int, count: int) -> dict[str, float]:
+    import nats
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType
+
+    tally = Tally(count)
+    nc = await nats.connect(f"nats://127.0.0.1:{port}")
+    js = nc.jetstream()
+    await js.add_stream(name="REDELIVER", subjects=["redeliver"], storage=StorageType.FILE)
+    futures = [await js.publish_async("redeliver", PAYLOAD) for _ in range(count)]
+    await asyncio.gather(*futures)
+    back = asyncio.Event()
+
+    async def on_msg(msg: Any) -> None:
+        if tally.arrived(msg.metadata.sequence.stream, time.perf_counter()):
+            await msg.ack()
+        if tally.all_back:
+            back.set()
+
+    config = ConsumerConfig(
+        ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT, max_ack_pending=count + 1, deliver_policy=DeliverPolicy.ALL
+    )
+    sub = await js.subscribe("redeliver", durable="r", config=config, cb=on_msg, manual_ack=True)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(back.wait(), LIMIT)
+    await asyncio.sleep(LINGER)
+    await sub.unsubscribe()
+    await nc.close()
+    return tally.figures()
+
+
+async def _redis(port: int, count: int) -> dict[str, float]:
+    import redis.asyncio as aioredis
+
+    tally = Tally(count)
+    r = aioredis.Redis(port=port)
+    for first in range(0, count, 1000):
+        pipe = r.pipeline(transaction=False)
+        for _ in range(min(1000, count - first)):
+            pipe.xadd("redeliver", {"d": PAYLOAD})
+        await pipe.execute()
+    await r.xgroup_create("redeliver", "g", id="0")
+    read = 0
+    while read < count:
+        reply = await r.xreadgroup("g", "reader", {"redeliver": ">"}, count=1000)
+        now = time.perf_counter()
+        entries = cast(list[tuple[bytes, Any]], reply[0][1])  # type: ignore[index]
+        for entry_id, _ in entries:
+            tally.arrived(entry_id, now)
+            read += 1
+    deadline = time.perf_counter() + LIMIT
+    linger_until = float("inf")
+    while time.perf_counter() < min(deadline, linger_until):
+        start = "0-0"
+        while True:  # one sweep over everything idle for 1 s
+            reply = await r.xautoclaim("redeliver", "g", "claimer", int(ACK_WAIT * 1000), start, count=1000)
+            start, claimed = cast(str, reply[0]), cast(list[tuple[bytes, Any]], reply[1])
+            now = time.perf_counter()
+            if claimed:
+                pipe = r.pipeline(transaction=False)
+                for entry_id, _ in claimed:
+                    tally.arrived(entry_id, now)
+                    pipe.xack("redeliver", "g", entry_id)
+                await pipe.execute()
+            if start in (b"0-0", "0-0"):
+                break
+        if tally.all_back and linger_until == float("inf"):
+            linger_until = time.perf_counter() + LINGER
+        await asyncio.sleep(0.01)
+    await r.aclose()
+    return tally.figures()
+
+
+def server_lateness(events: Path) -> dict[str, float]:
+    """Ours, as the server saw it (its event log): second send - (first send + AckWait)."""
+    first: dict[int, int] = {}
+    late: list[float] = []
+    for path in sorted(events.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            e = json.loads(line)
+            if e["event"] != "deliver":
+                continue
+            if e["attempt"] == 1:
+                first[e["seq"]] = e["ts"]
+            elif e["attempt"] == 2 and e["seq"] in first:
+                late.append((e["ts"] - first[e["seq"]]) / 1000 - ACK_WAIT * 1000)
+    late.sort()
+    if not late:
+        return {}
+    return {
+        "server_lateness_p50_ms": round(statistics.median(late), 2),
+        "server_lateness_p99_ms": round(late[min(len(late) - 1, int(len(late) * 0.99))], 2),
+        "server_lateness_max_ms": round(late[-1], 2),
+    }
+
+
+def run(system: str, count: int) -> dict[str, float]:
+    if system == "ours":
+        data = Path(tempfile.mkdtemp(prefix="bench-redelivery-"))
+        try:
+            with peers.ours("--event_log", str(data / "events")) as server:
+                figures = trio.run(_ours, server.port, count)
+            return {**figures, **server_lateness(data / "events")}
+        finally:
+            shutil.rmtree(data, ignore_errors=True)
+    with peers.start(system) as server:
+        if system == "redis":
+            return asyncio.run(_redis(server.port, count))
+        return asyncio.run(_jetstream(server.port, count))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="one round (under a minute)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--plot", metavar="FILE.png", help="lateness p50/p99/max per system")
+    args = parser.parse_args()
+    console = Console(stderr=args.json)
+    count = 10_000
+    result: dict[str, Any] = {
+        "scale": "quick" if args.quick else "full",
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}",
+        "messages": count,
+    }
+    with progress(console) as bar:
+        task = bar.add_task("redelivery", total=len(SYSTEMS))
+        for system in SYSTEMS:
+            bar.update(task, description=system)
+            for key, value in run(system, count).items():
+                result[f"{system}_{key}"] = value
+            bar.advance(task)
+    result["lateness_p99_ms"] = result["ours_lateness_p99_ms"]
+    result["redelivered_once_fraction"] = result["ours_redelivered_once_fraction"]
+    rows = []
+    for system in SYSTEMS:
+        for key, target in [
+            ("lateness_p50_ms", ""),
+            ("lateness_p99_ms", "<= 20" if system == "ours" else ""),
+            ("lateness_max_ms", ""),
+            ("redelivered_once_fraction", "1.0" if system == "ours" else ""),
+            *(
+                [("server_lateness_p50_ms", ""), ("server_lateness_p99_ms", ""), ("server_lateness_max_ms", "")]
+                if system == "ours"
+                else []
+            ),
+            ("duplicates", "0" if system == "ours" else ""),
+        ]:
+            rows.append((f"{system}: {key}", f"{result[f'{system}_{key}']}", target))
+    print_report(console, f"redelivery of {count:,} unacked messages, AckWait 1 s", rows, result, args.json)
+    if args.plot:
+        from bench.report import bar_plot
+
+        groups = {q: {s: float(result[f"{s}_lateness_{q}_ms"]) for s in SYSTEMS} for q in ("p50", "p99", "max")}
+        bar_plot(args.plot, "redelivery lateness vs deadline", "ms", groups)
+
+
+if __name__ == "__main__":
+    main()
