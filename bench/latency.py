@@ -1,0 +1,190 @@
+"""Publish-to-delivery latency at a fixed rate (2,000 msgs/s), ours vs NATS JetStream, same run.
+
+    python bench/latency.py [--quick] [--json] [--plot FILE.png]
+
+One process publishes at a steady 2,000 messages/s (each message carries its send time; the
+publisher does not wait for PubAcks, which are collected as they come) and a subscriber on another
+connection in the same process acks each message; latency = arrival - send, same clock. The first
+0.5 s are warm-up and not counted. Full: 10 s per system; quick: 4 s.
+- ours: durable publish (PubAck after fsync) to a STAN subscription (manual ack), our Trio client;
+- jetstream: `publish_async` to a stream, push consumer (AckExplicit), nats-py.
+
+JSON keys: `<system>_p50_ms`, `<system>_p99_ms`, `<system>_max_ms`; ours also as `p50_ms`,
+`p99_ms`; `p99_ratio_vs_jetstream` = ours / JetStream's (target <= 1: no worse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import struct
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import trio  # noqa: E402
+from rich.console import Console  # noqa: E402
+
+from bench import peers  # noqa: E402
+from bench.report import print_report, progress  # noqa: E402
+from streaming.client import connect  # noqa: E402
+
+RATE = 2_000
+WARMUP = 0.5
+STAMP = struct.Struct("<q")
+FILLER = b"x" * 120  # 128-byte messages with the stamp
+
+
+def _payload() -> bytes:
+    return STAMP.pack(time.perf_counter_ns()) + FILLER
+
+
+def _latency_ms(data: bytes) -> float:
+    sent: int = STAMP.unpack_from(data)[0]
+    return (time.perf_counter_ns() - sent) / 1e6
+
+
+async def _ours(port: int, seconds: float) -> list[float]:
+    latencies: list[float] = []
+    total = int(RATE * seconds)
+    async with (
+        connect("test-cluster", "bench-lat-sub", port=port) as sub_conn,
+        connect("test-cluster", "bench-lat-pub", port=port) as pub,
+        sub_conn.subscribe("latency", manual_ack=True) as sub,
+    ):
+
+        async def publisher() -> None:
+            start = trio.current_time()
+            for i in range(total):
+                await trio.sleep_until(start + i / RATE)
+                await pub.publish_async("latency", _payload())
+            await pub.wait_pub_acks()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(publisher)
+            for i in range(total):
+                msg = await sub.next_msg()
+                if i >= RATE * WARMUP:
+                    latencies.append(_latency_ms(msg.data))
+                msg.ack()
+    return latencies
+
+
+async def _jetstream(port: int, seconds: float) -> list[float]:
+    import nats
+    from nats.js.api import AckPolicy, ConsumerConfig, StorageType
+
+    latencies: list[float] = []
+    total = int(RATE * seconds)
+    nc_sub = await nats.connect(f"nats://127.0.0.1:{port}")
+    nc_pub = await nats.connect(f"nats://127.0.0.1:{port}")
+    js_pub = nc_pub.jetstream()
+    await js_pub.add_stream(name="LATENCY", subjects=["latency"], storage=StorageType.FILE)
+    sub = await nc_sub.jetstream().subscribe(
+        "latency", durable="lat", config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT), manual_ack=True
+    )
+    loop = asyncio.get_running_loop()
+
+    async def publisher() -> None:
+        start = loop.time()
+        futures = []
+        for i in range(total):
+            delay = start + i / RATE - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            futures.append(await js_pub.publish_async("latency", _payload()))
+        await asyncio.gather(*futures)
+
+    task = asyncio.create_task(publisher())
+    for i in range(total):
+        msg = await sub.next_msg(timeout=30)
+        if i >= RATE * WARMUP:
+            latencies.append(_latency_ms(msg.data))
+        await msg.ack()
+    await task
+    await nc_sub.close()
+    await nc_pub.close()
+    return latencies
+
+
+def _figures(latencies: list[float]) -> dict[str, float]:
+    ms = sorted(latencies)
+    return {
+        "p50_ms": round(statistics.median(ms), 3),
+        "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 3),
+        "max_ms": round(ms[-1], 3),
+    }
+
+
+def run(system: str, seconds: float) -> list[float]:
+    with peers.start(system) as server:
+        if system == "ours":
+            return trio.run(_ours, server.port, seconds)
+        return asyncio.run(_jetstream(server.port, seconds))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="4 s per system")
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--plot", metavar="FILE.png", help="latency distribution (CDF) of both")
+    args = parser.parse_args()
+    console = Console(stderr=args.json)
+    seconds = 4.0 if args.quick else 10.0
+    result: dict[str, Any] = {
+        "scale": "quick" if args.quick else "full",
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}",
+        "rate_msgs_per_s": RATE,
+        "seconds": seconds,
+    }
+    samples: dict[str, list[float]] = {}
+    with progress(console) as bar:
+        task = bar.add_task("latency", total=2)
+        for system in ("ours", "jetstream"):
+            bar.update(task, description=system)
+            samples[system] = run(system, seconds)
+            for key, value in _figures(samples[system]).items():
+                result[f"{system}_{key}"] = value
+            bar.advance(task)
+    result["p50_ms"], result["p99_ms"] = result["ours_p50_ms"], result["ours_p99_ms"]
+    result["p50_ratio_vs_jetstream"] = round(result["ours_p50_ms"] / result["jetstream_p50_ms"], 3)
+    result["p99_ratio_vs_jetstream"] = round(result["ours_p99_ms"] / result["jetstream_p99_ms"], 3)
+    rows = [
+        (f"{s}: {q}", f"{result[f'{s}_{q}']:.3f}", "")
+        for s in ("ours", "jetstream")
+        for q in ("p50_ms", "p99_ms", "max_ms")
+    ]
+    rows += [
+        ("p50_ratio_vs_jetstream", f"{result['p50_ratio_vs_jetstream']:.2f}", "<= 1"),
+        ("p99_ratio_vs_jetstream", f"{result['p99_ratio_vs_jetstream']:.2f}", "<= 1"),
+    ]
+    print_report(console, f"publish -> deliver latency at {RATE:,} msgs/s ({result['scale']})", rows, result, args.json)
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        for system, values in samples.items():
+            ms = sorted(values)
+            ax.plot(ms, [i / len(ms) for i in range(len(ms))], label=system)
+        ax.set_xscale("log")
+        ax.set_xlabel("publish -> deliver latency (ms, log)")
+        ax.set_ylabel("fraction of messages")
+        ax.set_title(f"latency at {RATE:,} msgs/s")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=110)
+        plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
