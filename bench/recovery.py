@@ -1,0 +1,202 @@
+"""Restart cost with a full store, ours vs NATS JetStream: time to serve again, memory, and (ours) how
+soon the pending messages come back.
+
+    python bench/recovery.py [--quick] [--json]
+
+Each system gets 1,000,000 stored 128-byte messages (quick: 100,000) and a durable subscription with
+100,000 delivered-but-unacked messages (quick: 10,000; AckWait 10 minutes, so none are redelivered
+before the restart). The server is stopped (SIGTERM) and started again on the same data directory:
+- `<system>_ready_s`: from starting the process to its port accepting connections;
+- `<system>_rss_mb`: resident memory (process tree) once ready;
+- `ours_first_delivery_s`: from starting the process to the first message the re-attached durable
+  receives (a pending one: STAN redelivers them first, at once, after a restart), and
+  `ours_pending_redelivered_s` until all of them came back;
+- `jetstream_consumer_ready_s`: from starting the process to its answer about the durable consumer
+  (with all its pending counted). JetStream sends pending messages again only when their ack_wait
+  ends, and nothing new while max_ack_pending is used up, so there is no first delivery to time;
+- `<system>_disk_mb`: the data directory's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import psutil  # noqa: E402
+import trio  # noqa: E402
+from rich.console import Console  # noqa: E402
+
+from bench import peers  # noqa: E402
+from bench.report import print_report, progress  # noqa: E402
+from bench.wire import publish_pipelined  # noqa: E402
+from streaming.client import StartPosition, connect  # noqa: E402
+
+PAYLOAD = b"x" * 128
+ACK_WAIT = 600
+
+
+def _rss_mb(pid: int) -> float:
+    proc = psutil.Process(pid)
+    rss: int = sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
+    return rss / 2**20
+
+
+def _disk_mb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+
+
+async def _ours_fill(port: int, stored: int, pending: int) -> None:
+    async with connect("test-cluster", "bench-fill", port=port) as sc:
+        for first in range(0, stored, 100_000):
+            await publish_pipelined(sc, "recover", min(100_000, stored - first), PAYLOAD)
+            await sc.wait_pub_acks()
+        sub = await sc.open_subscription(
+            "recover",
+            durable="d",
+            start_at=StartPosition.FIRST,
+            ack_wait=ACK_WAIT,
+            max_inflight=pending,
+            manual_ack=True,
+        )
+        for _ in range(pending):
+            await sub.next_msg()  # not acked; the durable keeps them when the client goes
+
+
+async def _ours_resume(port: int, pending: int, started: float) -> tuple[float, float]:
+    async with connect("test-cluster", "bench-fill", port=port) as sc:  # a durable belongs to its client id
+        sub = await sc.open_subscription(
+            "recover", durable="d", ack_wait=ACK_WAIT, max_inflight=pending, manual_ack=True
+        )
+        with trio.fail_after(60):
+            msg = await sub.next_msg()
+        first = time.perf_counter() - started
+        assert msg.redelivered, "a pending message comes first"
+        msg.ack()
+        with trio.fail_after(120):
+            for _ in range(pending - 1):
+                (await sub.next_msg()).ack()
+        return first, time.perf_counter() - started
+
+
+async def _js_fill(port: int, stored: int, pending: int) -> None:
+    import nats
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType
+
+    nc = await nats.connect(f"nats://127.0.0.1:{port}")
+    js = nc.jetstream()
+    await js.add_stream(name="RECOVER", subjects=["recover"], storage=StorageType.FILE)
+    for first in range(0, stored, 10_000):
+        futures = [await js.publish_async("recover", PAYLOAD) for _ in range(min(10_000, stored - first))]
+        await asyncio.gather(*futures)
+    config = ConsumerConfig(
+        ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT, max_ack_pending=pending, deliver_policy=DeliverPolicy.ALL
+    )
+    sub = await js.subscribe("recover", durable="d", config=config, manual_ack=True, pending_msgs_limit=pending + 1)
+    for _ in range(pending):
+        await sub.next_msg(timeout=60)
+    await nc.close()
+
+
+async def _js_resume(port: int, pending: int, started: float) -> float:
+    import nats
+
+    nc = await nats.connect(f"nats://127.0.0.1:{port}")
+    info = await nc.jetstream().consumer_info("RECOVER", "d")
+    assert info.num_ack_pending == pending, info
+    answered = time.perf_counter() - started
+    await nc.close()
+    return answered
+
+
+def _restart(cmd: list[str], port: int) -> tuple[subprocess.Popen[bytes], float]:
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peers.wait_port(port, proc, timeout=600)
+    return proc, started
+
+
+def run_ours(stored: int, pending: int) -> dict[str, float]:
+    data = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
+    with peers.ours(data=data, keep=True) as server:
+        trio.run(_ours_fill, server.port, stored, pending)
+        port = server.port
+    proc, started = _restart(peers.our_command(port, data / "store"), port)
+    try:
+        ready = time.perf_counter() - started
+        rss = _rss_mb(proc.pid)
+        first, drained = trio.run(_ours_resume, port, pending, started)
+        return {
+            "ready_s": round(ready, 3),
+            "rss_mb": round(rss, 1),
+            "first_delivery_s": round(first, 3),
+            "pending_redelivered_s": round(drained, 3),
+            "disk_mb": round(_disk_mb(data), 1),
+        }
+    finally:
+        peers.stop(proc)
+        subprocess.run(["rm", "-rf", str(data)], check=False)
+
+
+def run_jetstream(stored: int, pending: int) -> dict[str, float]:
+    data = Path(tempfile.mkdtemp(prefix="bench-recovery-js-"))
+    with peers.jetstream(data=data, keep=True) as server:
+        asyncio.run(_js_fill(server.port, stored, pending))
+        port = server.port
+    proc, started = _restart(peers.jetstream_command(port, data, sync_always=False), port)
+    try:
+        ready = time.perf_counter() - started
+        rss = _rss_mb(proc.pid)
+        first = asyncio.run(_js_resume(port, pending, started))
+        return {
+            "ready_s": round(ready, 3),
+            "rss_mb": round(rss, 1),
+            "consumer_ready_s": round(first, 3),
+            "disk_mb": round(_disk_mb(data), 1),
+        }
+    finally:
+        peers.stop(proc)
+        subprocess.run(["rm", "-rf", str(data)], check=False)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="100,000 stored, 10,000 pending (under a minute)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    args = parser.parse_args()
+    console = Console(stderr=args.json)
+    stored, pending = (100_000, 10_000) if args.quick else (1_000_000, 100_000)
+    result: dict[str, Any] = {
+        "scale": "quick" if args.quick else "full",
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}",
+        "stored": stored,
+        "pending": pending,
+    }
+    with progress(console) as bar:
+        task = bar.add_task("fill, stop, restart", total=2)
+        for name, runner in (("ours", run_ours), ("jetstream", run_jetstream)):
+            bar.update(task, description=f"{name}: fill {stored:,}, {pending:,} pending, restart")
+            for key, value in runner(stored, pending).items():
+                result[f"{name}_{key}"] = value
+            bar.advance(task)
+    result["ready_ratio_vs_jetstream"] = round(result["ours_ready_s"] / result["jetstream_ready_s"], 3)
+    result["rss_ratio_vs_jetstream"] = round(result["ours_rss_mb"] / result["jetstream_rss_mb"], 3)
+    rows = [(key, f"{value}", "") for key, value in result.items() if key.startswith(("ours_", "jetstream_"))]
+    rows += [(k, f"{result[k]}", "") for k in ("ready_ratio_vs_jetstream", "rss_ratio_vs_jetstream")]
+    print_report(
+        console, f"restart with {stored:,} stored, {pending:,} pending ({result['scale']})", rows, result, args.json
+    )
+
+
+if __name__ == "__main__":
+    main()
