@@ -118,11 +118,15 @@ class SubscribeOptions(TypedDict, total=False):
     dead_letter_channel: str
     backoff_s: tuple[float, ...]
     max_inflight_redeliveries: bool
+    suppress_copies: bool
 
 
 class Subscription:
-    def __init__(self, client: StanClient, channel: str, queue: str, durable: str, manual_ack: bool) -> None:
+    def __init__(
+        self, client: StanClient, channel: str, queue: str, durable: str, manual_ack: bool, suppress_copies: bool = True
+    ) -> None:
         self.client = client
+        self.suppress_copies = suppress_copies
         self.channel = channel
         self.queue = queue
         self.durable = durable
@@ -146,7 +150,7 @@ class Subscription:
             log.warning("undecodable message on %s", raw.subject)
             return
         seq = proto.sequence
-        if proto.redelivered:
+        if proto.redelivered and self.suppress_copies:
             if self._is_acked(seq):
                 self.suppressed += 1
                 self._send_ack(seq)  # our earlier ack was lost: say it again
@@ -195,6 +199,18 @@ class Subscription:
 
     def pending(self) -> int:
         return len(self._queue)
+
+    def progress_held(self) -> int:
+        """Ask for another AckWait for every message this subscription holds unacknowledged: those
+        waiting here and the one last handed to the application. Called more often than AckWait by an
+        application whose handler is slow, it keeps held messages from being redelivered (a server
+        without this extension ignores it). Returns how many were touched."""
+        seqs = [msg.seq for msg in self._queue]
+        if self._last is not None and not self._is_acked(self._last.seq) and self._last.seq not in self._queued:
+            seqs.append(self._last.seq)
+        for seq in seqs:
+            self._send_ack(seq, in_progress=True)
+        return len(seqs)
 
     def __aiter__(self) -> Self:
         return self
@@ -482,15 +498,18 @@ class StanClient:
         dead_letter_channel: str = "",
         backoff_s: tuple[float, ...] = (),
         max_inflight_redeliveries: bool = False,
+        suppress_copies: bool = True,
     ) -> Subscription:
         """Subscribe without a context manager; call `unsubscribe()` or `close()` on the result.
 
         `ack_wait` is seconds; a fraction of a second is sent as negative milliseconds, which only a
-        server started with the test-only `ack_wait_ms` option accepts.
+        server started with the test-only `ack_wait_ms` option accepts. `suppress_copies` (default)
+        drops a redelivered copy of a message already acked here or still waiting to be handed out;
+        False hands every delivery to the application, as the reference clients do.
         """
         if self.closed:
             raise ConnectionClosedError(self.lost_reason or "connection closed")
-        sub = Subscription(self, channel, queue, durable, manual_ack)
+        sub = Subscription(self, channel, queue, durable, manual_ack, suppress_copies)
         sub._sid = self.nats.subscribe(sub.inbox, sub._on_msg)
         wait = int(ack_wait) if ack_wait == int(ack_wait) else -round(ack_wait * 1000)
         request = pb.SubscriptionRequest(

@@ -154,6 +154,35 @@ async def test_redelivered_copies_of_acked_or_queued_messages_are_suppressed() -
             assert engine.pending(sub_id) == {}
 
 
+async def test_without_suppression_every_copy_reaches_the_application() -> None:
+    # What the reference clients do, and what makes a redelivery storm (bench/storm.py's stock run).
+    async with running(config()) as server, connect(CID, "me", port=server.port) as sc:
+        async with sc.subscribe("foo", manual_ack=True, ack_wait=0.1, suppress_copies=False) as sub:
+            await sc.publish("foo", b"slow")
+            await trio.sleep(0.45)  # the application is busy: copies pile up after each AckWait
+            copies = await take(sub, sub.pending())
+            assert len(copies) >= 3 and {m.seq for m in copies} == {1} and sub.suppressed == 0
+            assert [m.attempt for m in copies] == list(range(1, len(copies) + 1))
+
+
+async def test_progress_held_keeps_held_messages_from_redelivery() -> None:
+    async with running(config()) as server, connect(CID, "me", port=server.port) as sc:
+        async with sc.subscribe("foo", manual_ack=True, ack_wait=0.2, suppress_copies=False) as sub:
+            for i in range(3):
+                await sc.publish("foo", b"%d" % i)
+            (first,) = await take(sub, 1)  # handed to the application, the other two wait here
+            for _ in range(10):  # 0.6 s: three AckWaits
+                await trio.sleep(0.06)
+                assert sub.progress_held() == 3
+            first.ack()
+            rest = await take(sub, 2)
+            assert [m.attempt for m in rest] == [1, 1] and sub.pending() == 0, "nothing was redelivered"
+            for msg in rest:
+                msg.ack()
+            await nothing_more(sub, 0.4)
+            assert sub.progress_held() == 0
+
+
 async def test_queue_members_suppress_copies_of_acked_messages() -> None:
     async with running(config()) as server, connect(CID, "me", port=server.port, reconnect_wait_s=0.1) as sc:
         async with sc.subscribe("foo", queue="q", manual_ack=True, ack_wait=0.15) as sub:
