@@ -1,0 +1,126 @@
+"""Every benchmark, one after another, and one table of the headline figures against their targets.
+
+    python bench/run_all.py [--quick] [--json] [--only NAME ...] [--markdown FILE.md] [--plots DIR]
+
+Each script runs in its own process with `--json` (and `--quick` when given); its last line is its
+result. The table lists the figures the issues set targets for; `--markdown` writes the same table
+(with the date, the machine and the command) for bench/README.md; `--plots DIR` passes `--plot` to
+the scripts that draw one. With `--json` the last line holds every script's result by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rich.console import Console  # noqa: E402
+
+from bench.report import print_report  # noqa: E402
+
+SCRIPTS = ("publish", "consume", "redelivery", "latency", "recovery", "storm", "wire", "engine", "storage", "event_log")
+PLOTS = {"publish", "consume", "redelivery", "latency", "storm"}
+
+Check = Callable[[Any], bool]
+# (script, key, target as written, check)
+HEADLINES: list[tuple[str, str, str, Check | None]] = [
+    ("publish", "ratio_async_vs_jetstream", ">= 2.5", lambda v: v >= 2.5),
+    ("publish", "ratio_async_vs_redis", "", None),
+    ("publish", "ratio_sync_vs_jetstream", ">= 1.5", lambda v: v >= 1.5),
+    ("publish", "ratio_sync_vs_jetstream_sync", "", None),
+    ("consume", "ratio_vs_jetstream", ">= 1.0", lambda v: v >= 1.0),
+    ("consume", "ratio_queue4_vs_jetstream", "", None),
+    ("consume", "ratio_1sub_vs_redis", "", None),
+    ("redelivery", "lateness_p99_ms", "<= 20", lambda v: v <= 20),
+    ("redelivery", "redelivered_once_fraction", "1.0", lambda v: v == 1.0),
+    ("redelivery", "jetstream_lateness_p99_ms", "", None),
+    ("redelivery", "ours_server_lateness_p99_ms", "", None),
+    ("latency", "p50_ms", "", None),
+    ("latency", "p99_ms", "", None),
+    ("latency", "p50_ratio_vs_jetstream", "<= 1", lambda v: v <= 1),
+    ("latency", "p99_ratio_vs_jetstream", "<= 1", lambda v: v <= 1),
+    ("recovery", "ours_ready_s", "", None),
+    ("recovery", "ours_pending_redelivered_s", "", None),
+    ("recovery", "ours_rss_mb", "", None),
+    ("recovery", "jetstream_ready_s", "", None),
+    ("storm", "amplification_stock", "> 1", lambda v: v > 1.2),
+    ("storm", "amplification_best_mitigation", "<= 1.05", lambda v: v <= 1.05),
+    ("storm", "best_mitigation", "", None),
+    ("wire", "publish_async_ratio_vs_jetstream", ">= 2.5", lambda v: v >= 2.5),
+    ("engine", "deliver_ack_per_s", ">= 300,000", lambda v: v >= 300_000),
+    ("event_log", "consume_ack_ratio_with_log", ">= 0.85", lambda v: v >= 0.85),
+]
+
+
+def run_script(name: str, quick: bool, plots: Path | None, console: Console) -> dict[str, Any]:
+    cmd = [sys.executable, str(ROOT / "bench" / f"{name}.py"), "--json"]
+    if quick:
+        cmd.append("--quick")
+    if plots is not None and name in PLOTS:
+        cmd += ["--plot", str(plots / f"{name}.png")]
+    started = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    elapsed = time.perf_counter() - started
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        console.print(f"[red]{name} failed ({done.returncode}) after {elapsed:.0f} s[/red]\n{done.stderr[-2000:]}")
+        return {"error": done.returncode}
+    console.print(f"{name}: {elapsed:.0f} s")
+    result: dict[str, Any] = json.loads(lines[-1])
+    result["elapsed_s"] = round(elapsed, 1)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="every script's --quick")
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--only", nargs="+", choices=SCRIPTS, help="run these scripts only")
+    parser.add_argument("--markdown", type=Path, help="write the table as Markdown to this file")
+    parser.add_argument("--plots", type=Path, help="write the scripts' plots into this directory")
+    args = parser.parse_args()
+    console = Console(stderr=args.json)
+    if args.plots is not None:
+        args.plots.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, Any]] = {}
+    for name in args.only or SCRIPTS:
+        console.print(f"running bench/{name}.py{' --quick' if args.quick else ''} ...")
+        results[name] = run_script(name, args.quick, args.plots, console)
+    rows = []
+    for script, key, target, check in HEADLINES:
+        if script not in results:
+            continue
+        value = results[script].get(key)
+        shown = "failed" if "error" in results[script] else ("-" if value is None else f"{value}")
+        verdict = "" if check is None or value is None else (" (met)" if check(value) else " (not met)")
+        rows.append((f"{script}: {key}", shown, target + verdict))
+    print_report(console, f"all benchmarks ({'quick' if args.quick else 'full'})", rows, results, args.json)
+    if args.markdown is not None:
+        command = "python bench/run_all.py" + (" --quick" if args.quick else "")
+        machine = f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}"
+        lines = [
+            f"{datetime.date.today().isoformat()}, {machine}, `{command}`:",
+            "",
+            "| script | figure | value | target |",
+            "|---|---|---|---|",
+        ]
+        for (script, key, _, _), (_, shown, target) in zip(
+            [h for h in HEADLINES if h[0] in results], rows, strict=True
+        ):
+            lines.append(f"| {script} | `{key}` | {shown} | {target} |")
+        args.markdown.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
