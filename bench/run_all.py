@@ -102,6 +102,8 @@ def main() -> None:
         if script not in results:
             continue
         value = results[script].get(key)
+        if isinstance(value, float):
+            value = round(value, 3)
         shown = "failed" if "error" in results[script] else ("-" if value is None else f"{value}")
         verdict = "" if check is None or value is None else (" (met)" if check(value) else " (not met)")
         rows.append((f"{script}: {key}", shown, target + verdict))
