@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, cast
 
@@ -35,9 +34,9 @@ import trio  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
+from bench.load import jetstream_publish, publish_pipelined, redis_xadd  # noqa: E402
 from bench.peers import SYSTEMS  # noqa: E402
-from bench.report import bar_plot, print_report, progress  # noqa: E402
-from bench.wire import publish_pipelined  # noqa: E402
+from bench.report import bar_plot, machine, print_report, progress  # noqa: E402
 from streaming.client import StartPosition, connect  # noqa: E402
 
 PAYLOAD = b"x" * 128
@@ -84,6 +83,19 @@ async def _ours(port: int, case: str, messages: int) -> float:
     return total / elapsed
 
 
+async def _until_done(
+    member: Callable[[int], Coroutine[Any, Any, None]], subscribers: int, done: asyncio.Event, started: float
+) -> float:
+    """Run the members (asyncio) until one sets `done`; the seconds since `started`."""
+    tasks = [asyncio.create_task(member(i)) for i in range(subscribers)]
+    await done.wait()
+    elapsed = time.perf_counter() - started
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return elapsed
+
+
 async def _jetstream(port: int, case: str, messages: int) -> float:
     import nats
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType
@@ -92,9 +104,7 @@ async def _jetstream(port: int, case: str, messages: int) -> float:
     nc = await nats.connect(f"nats://127.0.0.1:{port}")
     js = nc.jetstream()
     await js.add_stream(name="CONSUME", subjects=["consume"], storage=StorageType.FILE)
-    for first in range(0, messages, 10_000):
-        futures = [await js.publish_async("consume", PAYLOAD) for _ in range(min(10_000, messages - first))]
-        await asyncio.gather(*futures)
+    await jetstream_publish(js, "consume", messages, PAYLOAD)
     total = expected(case, messages)
     received = 0
     done = asyncio.Event()
@@ -125,12 +135,7 @@ async def _jetstream(port: int, case: str, messages: int) -> float:
             received += 1
         done.set()
 
-    tasks = [asyncio.create_task(member(i)) for i in range(subscribers)]
-    await done.wait()
-    elapsed = time.perf_counter() - started
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    elapsed = await _until_done(member, subscribers, done, started)
     for conn in [*conns, nc]:
         await conn.close()
     return total / elapsed
@@ -141,11 +146,7 @@ async def _redis(port: int, case: str, messages: int) -> float:
 
     subscribers, queue = CASES[case]
     r = aioredis.Redis(port=port)
-    for first in range(0, messages, 1000):
-        pipe = r.pipeline(transaction=False)
-        for _ in range(min(1000, messages - first)):
-            pipe.xadd("consume", {"d": PAYLOAD})
-        await pipe.execute()
+    await redis_xadd(r, "consume", messages, PAYLOAD)
     groups = ["workers"] if queue else [f"g{i}" for i in range(subscribers)]
     for group in groups:
         await r.xgroup_create("consume", group, id="0")
@@ -169,13 +170,7 @@ async def _redis(port: int, case: str, messages: int) -> float:
             received += len(entries)
         done.set()
 
-    started = time.perf_counter()
-    tasks = [asyncio.create_task(member(i)) for i in range(subscribers)]
-    await done.wait()
-    elapsed = time.perf_counter() - started
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    elapsed = await _until_done(member, subscribers, done, time.perf_counter())
     for conn in [*conns, r]:
         await conn.aclose()
     return total / elapsed
@@ -205,7 +200,7 @@ def main() -> None:
     )
     result: dict[str, Any] = {
         "scale": "quick" if args.quick else "full",
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}",
+        "machine": machine(),
     }
     with progress(console) as bar:
         task = bar.add_task("consume", total=len(SYSTEMS) * len(CASES))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -25,26 +24,19 @@ sys.path.insert(0, str(ROOT))
 import trio  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from bench.peers import free_port, stop, wait_port  # noqa: E402
+from bench import peers  # noqa: E402
 from bench.report import print_report  # noqa: E402
 from bench.wire import ours  # noqa: E402
 
 
 def run(n_async: int, n_consume: int, event_log: bool) -> tuple[dict[str, float], int]:
-    data = tempfile.mkdtemp(prefix="bench-evlog-")
-    port = free_port()
-    cmd = [sys.executable, "-m", "streaming", "-a", "127.0.0.1", "-p", str(port), "--dir", f"{data}/store"]
-    if event_log:
-        cmd += ["--event_log", f"{data}/events"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    data = Path(tempfile.mkdtemp(prefix="bench-evlog-"))
     try:
-        wait_port(port, proc)
-        figures = trio.run(ours, port, n_async, 1, n_consume)
+        with peers.ours(*(["--event_log", str(data / "events")] if event_log else []), data=data, keep=True) as server:
+            figures = trio.run(ours, server.port, n_async, 1, n_consume)
+        return figures, sum(1 for _ in peers.read_events(data / "events"))
     finally:
-        stop(proc)
-        lines = sum(f.read_bytes().count(b"\n") for f in Path(data, "events").glob("*.jsonl")) if event_log else 0
         shutil.rmtree(data, ignore_errors=True)
-    return figures, lines
 
 
 def main() -> None:

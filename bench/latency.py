@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import statistics
 import struct
 import sys
@@ -33,7 +31,7 @@ import trio  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
-from bench.report import print_report, progress  # noqa: E402
+from bench.report import machine, print_report, progress  # noqa: E402
 from streaming.client import connect  # noqa: E402
 
 RATE = 2_000
@@ -140,7 +138,7 @@ def main() -> None:
     seconds = 4.0 if args.quick else 10.0
     result: dict[str, Any] = {
         "scale": "quick" if args.quick else "full",
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}",
+        "machine": machine(),
         "rate_msgs_per_s": RATE,
         "seconds": seconds,
     }

@@ -1,10 +1,12 @@
 """The servers a benchmark runs, each started on a free loopback port in a temp dir and stopped after:
 ours (`python -m streaming`, LMDB), NATS JetStream (`nats-server -js`, file storage, at its default
-sync or with `sync_interval: always`) and Redis (`redis-server` with appendonly).
+sync or with `sync_interval: always`) and Redis (`redis-server` with appendonly); and reading the
+event log ours writes.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -14,6 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -126,3 +129,11 @@ def start(system: str) -> AbstractContextManager[Server]:
     if system == "redis":
         return redis()
     return jetstream(sync_always=system == "jetstream_sync")
+
+
+def read_events(directory: Path) -> Iterator[dict[str, Any]]:
+    """The delivery event log ours wrote with `--event_log directory`, one dict per line, in order."""
+    for path in sorted(directory.glob("*.jsonl")):
+        with path.open() as lines:
+            for line in lines:
+                yield json.loads(line)

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import sys
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +35,9 @@ import trio  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
+from bench.load import jetstream_publish, publish_pipelined, redis_xadd, sequential_rate  # noqa: E402
 from bench.peers import SYSTEMS  # noqa: E402
-from bench.report import bar_plot, print_report, progress  # noqa: E402
-from bench.wire import publish_pipelined  # noqa: E402
+from bench.report import bar_plot, machine, print_report, progress  # noqa: E402
 from streaming.client import connect  # noqa: E402
 
 SIZES = {"128": 128, "4k": 4096}
@@ -56,12 +55,7 @@ async def _ours(port: int, size: int, n_async: int, n_sync: int) -> tuple[float,
         await sc.wait_pub_acks()
         assert all(f.error == "" for f in futures)
         rate_async = n_async / (time.perf_counter() - started)
-        started = time.perf_counter()
-        done = 0
-        while done < n_sync and time.perf_counter() - started < SEQUENTIAL_SECONDS:
-            await sc.publish("sync", payload)
-            done += 1
-        return rate_async, done / (time.perf_counter() - started)
+        return rate_async, await sequential_rate(partial(sc.publish, "sync", payload), n_sync, SEQUENTIAL_SECONDS)
 
 
 async def _jetstream(port: int, size: int, n_async: int, n_sync: int) -> tuple[float, float]:
@@ -78,15 +72,9 @@ async def _jetstream(port: int, size: int, n_async: int, n_sync: int) -> tuple[f
             await js.publish_async("warm", payload)
         await js.publish_async_completed()
         started = time.perf_counter()
-        futures = [await js.publish_async("async", payload) for _ in range(n_async)]
-        await asyncio.gather(*futures)
+        await jetstream_publish(js, "async", n_async, payload, window=n_async)  # one window: all in flight
         rate_async = n_async / (time.perf_counter() - started)
-        started = time.perf_counter()
-        done = 0
-        while done < n_sync and time.perf_counter() - started < SEQUENTIAL_SECONDS:
-            await js.publish("sync", payload)
-            done += 1
-        return rate_async, done / (time.perf_counter() - started)
+        return rate_async, await sequential_rate(partial(js.publish, "sync", payload), n_sync, SEQUENTIAL_SECONDS)
     finally:
         await nc.close()
 
@@ -99,18 +87,9 @@ async def _redis(port: int, size: int, n_async: int, n_sync: int) -> tuple[float
     try:
         await r.xadd("warm", {"d": payload})
         started = time.perf_counter()
-        for first in range(0, n_async, 1000):
-            pipe = r.pipeline(transaction=False)
-            for _ in range(min(1000, n_async - first)):
-                pipe.xadd("async", {"d": payload})
-            await pipe.execute()
+        await redis_xadd(r, "async", n_async, payload)
         rate_async = n_async / (time.perf_counter() - started)
-        started = time.perf_counter()
-        done = 0
-        while done < n_sync and time.perf_counter() - started < SEQUENTIAL_SECONDS:
-            await r.xadd("sync", {"d": payload})
-            done += 1
-        return rate_async, done / (time.perf_counter() - started)
+        return rate_async, await sequential_rate(partial(r.xadd, "sync", {"d": payload}), n_sync, SEQUENTIAL_SECONDS)
     finally:
         await r.aclose()
 
@@ -138,7 +117,7 @@ def main() -> None:
     console = Console(stderr=args.json)
     result: dict[str, Any] = {
         "scale": "quick" if args.quick else "full",
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}",
+        "machine": machine(),
     }
     todo = list(cases(args.quick))
     with progress(console) as bar:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -38,8 +36,8 @@ import trio  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
-from bench.report import print_report, progress  # noqa: E402
-from bench.wire import publish_pipelined  # noqa: E402
+from bench.load import jetstream_publish, publish_pipelined  # noqa: E402
+from bench.report import machine, print_report, progress  # noqa: E402
 from streaming.client import StartPosition, connect  # noqa: E402
 
 PAYLOAD = b"x" * 128
@@ -96,9 +94,7 @@ async def _js_fill(port: int, stored: int, pending: int) -> None:
     nc = await nats.connect(f"nats://127.0.0.1:{port}")
     js = nc.jetstream()
     await js.add_stream(name="RECOVER", subjects=["recover"], storage=StorageType.FILE)
-    for first in range(0, stored, 10_000):
-        futures = [await js.publish_async("recover", PAYLOAD) for _ in range(min(10_000, stored - first))]
-        await asyncio.gather(*futures)
+    await jetstream_publish(js, "recover", stored, PAYLOAD)
     config = ConsumerConfig(
         ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT, max_ack_pending=pending, deliver_policy=DeliverPolicy.ALL
     )
@@ -178,7 +174,7 @@ def main() -> None:
     stored, pending = (100_000, 10_000) if args.quick else (1_000_000, 100_000)
     result: dict[str, Any] = {
         "scale": "quick" if args.quick else "full",
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}",
+        "machine": machine(),
         "stored": stored,
         "pending": pending,
     }

@@ -24,9 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import os
-import platform
 import shutil
 import statistics
 import sys
@@ -43,8 +40,8 @@ import trio  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
-from bench.report import print_report, progress  # noqa: E402
-from bench.wire import publish_pipelined  # noqa: E402
+from bench.load import jetstream_publish, publish_pipelined, redis_xadd  # noqa: E402
+from bench.report import machine, print_report, progress  # noqa: E402
 from streaming.client import StartPosition, connect  # noqa: E402
 
 PAYLOAD = b"x" * 128
@@ -118,8 +115,7 @@ async def _jetstream(port: int, count: int) -> dict[str, float]:
     nc = await nats.connect(f"nats://127.0.0.1:{port}")
     js = nc.jetstream()
     await js.add_stream(name="REDELIVER", subjects=["redeliver"], storage=StorageType.FILE)
-    futures = [await js.publish_async("redeliver", PAYLOAD) for _ in range(count)]
-    await asyncio.gather(*futures)
+    await jetstream_publish(js, "redeliver", count, PAYLOAD)
     back = asyncio.Event()
 
     async def on_msg(msg: Any) -> None:
@@ -145,11 +141,7 @@ async def _redis(port: int, count: int) -> dict[str, float]:
 
     tally = Tally(count)
     r = aioredis.Redis(port=port)
-    for first in range(0, count, 1000):
-        pipe = r.pipeline(transaction=False)
-        for _ in range(min(1000, count - first)):
-            pipe.xadd("redeliver", {"d": PAYLOAD})
-        await pipe.execute()
+    await redis_xadd(r, "redeliver", count, PAYLOAD)
     await r.xgroup_create("redeliver", "g", id="0")
     read = 0
     while read < count:
@@ -186,15 +178,13 @@ def server_lateness(events: Path) -> dict[str, float]:
     """Ours, as the server saw it (its event log): second send - (first send + AckWait)."""
     first: dict[int, int] = {}
     late: list[float] = []
-    for path in sorted(events.glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            e = json.loads(line)
-            if e["event"] != "deliver":
-                continue
-            if e["attempt"] == 1:
-                first[e["seq"]] = e["ts"]
-            elif e["attempt"] == 2 and e["seq"] in first:
-                late.append((e["ts"] - first[e["seq"]]) / 1000 - ACK_WAIT * 1000)
+    for e in peers.read_events(events):
+        if e["event"] != "deliver":
+            continue
+        if e["attempt"] == 1:
+            first[e["seq"]] = e["ts"]
+        elif e["attempt"] == 2 and e["seq"] in first:
+            late.append((e["ts"] - first[e["seq"]]) / 1000 - ACK_WAIT * 1000)
     late.sort()
     if not late:
         return {}
@@ -230,7 +220,7 @@ def main() -> None:
     count = 10_000
     result: dict[str, Any] = {
         "scale": "quick" if args.quick else "full",
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}",
+        "machine": machine(),
         "messages": count,
     }
     with progress(console) as bar:

@@ -4,6 +4,8 @@ last line for scripts (bench/run_all.py, CI jobs)."""
 from __future__ import annotations
 
 import json
+import os
+import platform
 from collections.abc import Iterable
 from typing import Any
 
@@ -61,3 +63,8 @@ def bar_plot(path: str, title: str, ylabel: str, groups: dict[str, dict[str, flo
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def machine() -> str:
+    """The machine a figure comes from, as every result records it."""
+    return f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}"

@@ -29,9 +29,6 @@ bench/out/storm), one directory per run.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import shutil
 import sys
 import time
@@ -46,7 +43,7 @@ import trio  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
-from bench.report import bar_plot, print_report, progress  # noqa: E402
+from bench.report import bar_plot, machine, print_report, progress  # noqa: E402
 from streaming.client import StartPosition, SubscribeOptions, connect  # noqa: E402
 
 ACK_WAIT = 1
@@ -111,12 +108,10 @@ def amplification(events: Path) -> tuple[float, int, int]:
     """(deliveries / distinct messages delivered, deliveries, distinct) from an event log directory."""
     deliveries = 0
     seqs: set[int] = set()
-    for path in sorted(events.glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            event = json.loads(line)
-            if event["event"] == "deliver" and event["channel"] == "storm":
-                deliveries += 1
-                seqs.add(event["seq"])
+    for event in peers.read_events(events):
+        if event["event"] == "deliver" and event["channel"] == "storm":
+            deliveries += 1
+            seqs.add(event["seq"])
     return (deliveries / len(seqs) if seqs else 0.0), deliveries, len(seqs)
 
 
@@ -153,7 +148,7 @@ def main() -> None:
     seconds = args.seconds or (6.0 if args.quick else 30.0)
     result: dict[str, Any] = {
         "scale": "quick" if args.quick else "full",
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}",
+        "machine": machine(),
         "seconds_per_run": seconds,
         "event_logs": str(args.out),
     }

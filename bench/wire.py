@@ -19,12 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -36,26 +31,15 @@ sys.path.insert(0, str(ROOT))
 import trio  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from bench.peers import free_port, jetstream_command, stop, wait_port  # noqa: E402
-from bench.report import print_report  # noqa: E402
-from streaming.client import PubAckFuture, StanClient, StartPosition, connect  # noqa: E402
+from bench import peers  # noqa: E402
+from bench.load import publish_pipelined  # noqa: E402
+from bench.report import machine, print_report  # noqa: E402
+from streaming.client import StartPosition, connect  # noqa: E402
 
 PAYLOAD = b"x" * 128
 
 
 # -- ours ------------------------------------------------------------------------------------------
-
-
-async def publish_pipelined(sc: StanClient, channel: str, count: int, payload: bytes = PAYLOAD) -> list[PubAckFuture]:
-    """What an application publishing a stream does: queue without blocking while the PubAck window
-    has room (one write per burst), wait for room when it has not."""
-    futures: list[PubAckFuture] = []
-    for _ in range(count):
-        try:
-            futures.append(sc.publish_nowait(channel, payload))
-        except trio.WouldBlock:
-            futures.append(await sc.publish_async(channel, payload))
-    return futures
 
 
 async def ours(port: int, n_async: int, n_sync: int, n_consume: int) -> dict[str, float]:
@@ -66,7 +50,7 @@ async def ours(port: int, n_async: int, n_sync: int, n_consume: int) -> dict[str
         await sc.publish("warm", PAYLOAD)
 
         started = time.perf_counter()
-        futures = await publish_pipelined(sc, "async", n_async)
+        futures = await publish_pipelined(sc, "async", n_async, PAYLOAD)
         await sc.wait_pub_acks()
         assert all(f.error == "" for f in futures)
         out["publish_async_msgs_per_s"] = n_async / (time.perf_counter() - started)
@@ -76,7 +60,7 @@ async def ours(port: int, n_async: int, n_sync: int, n_consume: int) -> dict[str
             await sc.publish("sync", PAYLOAD)
         out["publish_sync_msgs_per_s"] = n_sync / (time.perf_counter() - started)
 
-        futures = await publish_pipelined(sc, "consume", n_consume)
+        futures = await publish_pipelined(sc, "consume", n_consume, PAYLOAD)
         await sc.wait_pub_acks()
         assert all(f.error == "" for f in futures)
         started = time.perf_counter()
@@ -89,19 +73,8 @@ async def ours(port: int, n_async: int, n_sync: int, n_consume: int) -> dict[str
 
 
 def run_ours(n_async: int, n_sync: int, n_consume: int) -> dict[str, float]:
-    data = tempfile.mkdtemp(prefix="bench-wire-")
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streaming", "-a", "127.0.0.1", "-p", str(port), "--dir", data],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_port(port, proc)
-        return trio.run(ours, port, n_async, n_sync, n_consume)
-    finally:
-        stop(proc)
-        shutil.rmtree(data, ignore_errors=True)
+    with peers.ours() as server:
+        return trio.run(ours, server.port, n_async, n_sync, n_consume)
 
 
 # -- JetStream -------------------------------------------------------------------------------------
@@ -144,17 +117,8 @@ async def jetstream(port: int, n_async: int, n_sync: int, n_consume: int) -> dic
 
 
 def run_jetstream(n_async: int, n_sync: int, n_consume: int) -> dict[str, float]:
-    data = tempfile.mkdtemp(prefix="bench-js-")
-    port = free_port()
-    proc = subprocess.Popen(
-        jetstream_command(port, Path(data), sync_always=False), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        wait_port(port, proc)
-        return asyncio.run(jetstream(port, n_async, n_sync, n_consume))
-    finally:
-        stop(proc)
-        shutil.rmtree(data, ignore_errors=True)
+    with peers.jetstream() as server:
+        return asyncio.run(jetstream(server.port, n_async, n_sync, n_consume))
 
 
 def main() -> None:
@@ -170,7 +134,7 @@ def main() -> None:
     theirs = run_jetstream(n_async, n_sync, n_consume)
     result: dict[str, Any] = {
         "scale": "quick" if args.quick else "full",
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}",
+        "machine": machine(),
         **mine,
         **{f"jetstream_{k}": v for k, v in theirs.items()},
         "publish_async_ratio_vs_jetstream": mine["publish_async_msgs_per_s"] / theirs["publish_async_msgs_per_s"],
