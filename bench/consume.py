@@ -19,7 +19,6 @@ Figures are deliveries per second (acked). JSON keys: `<system>_<case>_msgs_per_
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import time
@@ -36,7 +35,7 @@ from rich.console import Console  # noqa: E402
 from bench import peers  # noqa: E402
 from bench.load import jetstream_publish, publish_pipelined, redis_xadd  # noqa: E402
 from bench.peers import SYSTEMS  # noqa: E402
-from bench.report import bar_plot, machine, print_report, progress  # noqa: E402
+from bench.report import arguments, bar_plot, machine, print_report, progress  # noqa: E402
 from streaming.client import StartPosition, connect  # noqa: E402
 
 PAYLOAD = b"x" * 128
@@ -186,10 +185,7 @@ def run_case(system: str, case: str, messages: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smaller runs (under a minute)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    parser.add_argument("--plot", metavar="FILE.png", help="bar chart of every case")
+    parser = arguments(__doc__, quick="smaller runs (under a minute)", plot="bar chart of every case")
     args = parser.parse_args()
     console = Console(stderr=args.json)
     # Messages in the channel per case (10subs reads each of them ten times).

@@ -15,7 +15,6 @@ JSON keys: `<system>_p50_ms`, `<system>_p99_ms`, `<system>_max_ms`; ours also as
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import struct
@@ -31,7 +30,7 @@ import trio  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
-from bench.report import machine, print_report, progress  # noqa: E402
+from bench.report import arguments, machine, print_report, progress  # noqa: E402
 from streaming.client import connect  # noqa: E402
 
 RATE = 2_000
@@ -129,10 +128,7 @@ def run(system: str, seconds: float) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="4 s per system")
-    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    parser.add_argument("--plot", metavar="FILE.png", help="latency distribution (CDF) of both")
+    parser = arguments(__doc__, quick="4 s per system", plot="latency distribution (CDF) of both")
     args = parser.parse_args()
     console = Console(stderr=args.json)
     seconds = 4.0 if args.quick else 10.0

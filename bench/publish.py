@@ -19,7 +19,6 @@ JSON keys: `<system>_<mode>_<size>_msgs_per_s` for every case; ratios ours / pee
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import time
@@ -37,7 +36,7 @@ from rich.console import Console  # noqa: E402
 from bench import peers  # noqa: E402
 from bench.load import jetstream_publish, publish_pipelined, redis_xadd, sequential_rate  # noqa: E402
 from bench.peers import SYSTEMS  # noqa: E402
-from bench.report import bar_plot, machine, print_report, progress  # noqa: E402
+from bench.report import arguments, bar_plot, machine, print_report, progress  # noqa: E402
 from streaming.client import connect  # noqa: E402
 
 SIZES = {"128": 128, "4k": 4096}
@@ -109,10 +108,7 @@ def cases(quick: bool) -> Iterator[tuple[str, int, int, int]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smaller runs (under a minute)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    parser.add_argument("--plot", metavar="FILE.png", help="bar chart of every case")
+    parser = arguments(__doc__, quick="smaller runs (under a minute)", plot="bar chart of every case")
     args = parser.parse_args()
     console = Console(stderr=args.json)
     result: dict[str, Any] = {

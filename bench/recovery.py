@@ -19,7 +19,6 @@ before the restart). The server is stopped (SIGTERM) and started again on the sa
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import subprocess
 import sys
@@ -37,7 +36,7 @@ from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
 from bench.load import jetstream_publish, publish_pipelined  # noqa: E402
-from bench.report import machine, print_report, progress  # noqa: E402
+from bench.report import arguments, machine, print_report, progress  # noqa: E402
 from streaming.client import StartPosition, connect  # noqa: E402
 
 PAYLOAD = b"x" * 128
@@ -166,9 +165,7 @@ def run_jetstream(stored: int, pending: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="100,000 stored, 10,000 pending (under a minute)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser = arguments(__doc__, quick="100,000 stored, 10,000 pending (under a minute)")
     args = parser.parse_args()
     console = Console(stderr=args.json)
     stored, pending = (100_000, 10_000) if args.quick else (1_000_000, 100_000)

@@ -21,7 +21,6 @@ JSON keys: `<system>_lateness_p50_ms/_p99_ms/_max_ms`, `<system>_redelivered_onc
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import shutil
@@ -41,7 +40,7 @@ from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
 from bench.load import jetstream_publish, publish_pipelined, redis_xadd  # noqa: E402
-from bench.report import machine, print_report, progress  # noqa: E402
+from bench.report import arguments, machine, print_report, progress  # noqa: E402
 from streaming.client import StartPosition, connect  # noqa: E402
 
 PAYLOAD = b"x" * 128
@@ -211,10 +210,9 @@ def run(system: str, count: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="one round (under a minute)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    parser.add_argument("--plot", metavar="FILE.png", help="lateness p50/p99/max per system")
+    parser = arguments(
+        __doc__, quick="the same run (it takes under a minute anyway)", plot="lateness p50/p99/max per system"
+    )
     args = parser.parse_args()
     console = Console(stderr=args.json)
     count = 10_000

@@ -3,6 +3,7 @@ last line for scripts (bench/run_all.py, CI jobs)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -68,3 +69,13 @@ def bar_plot(path: str, title: str, ylabel: str, groups: dict[str, dict[str, flo
 def machine() -> str:
     """The machine a figure comes from, as every result records it."""
     return f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}"
+
+
+def arguments(doc: str | None, quick: str, plot: str | None = None) -> argparse.ArgumentParser:
+    """The options every benchmark takes (`--quick`, `--json`, and `--plot` where it draws one)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    if plot is not None:
+        parser.add_argument("--plot", metavar="FILE.png", help=plot)
+    return parser

@@ -28,7 +28,6 @@ bench/out/storm), one directory per run.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 import time
@@ -43,7 +42,7 @@ import trio  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
-from bench.report import bar_plot, machine, print_report, progress  # noqa: E402
+from bench.report import arguments, bar_plot, machine, print_report, progress  # noqa: E402
 from streaming.client import StartPosition, SubscribeOptions, connect  # noqa: E402
 
 ACK_WAIT = 1
@@ -135,9 +134,7 @@ def run(name: str, seconds: float, out: Path) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="6 s per run (under a minute)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser = arguments(__doc__, quick="6 s per run (under a minute)")
     parser.add_argument("--seconds", type=float, help="how long each run handles messages")
     parser.add_argument(
         "--out", type=Path, default=ROOT / "bench" / "out" / "storm", help="event logs, one dir per run"
