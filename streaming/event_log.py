@@ -25,10 +25,35 @@ from streaming.engine import (
     Event,
     MemberJoined,
     MemberLeft,
+    Reason,
     SubRef,
 )
 
 log = logging.getLogger(__name__)
+
+_NEW = Reason.NEW
+
+
+class _SubLines:
+    """The JSON a subscription's lines share, made once per subscription: around `seq` for any event
+    (`"channel":...,"seq":` and `,"sub":...,"group":...,"member":...,`), and whole prefixes and
+    suffixes for a first delivery (at the AckWait last seen) and its ack."""
+
+    __slots__ = ("ack_first", "ack_head", "ack_wait_s", "deliver_first", "deliver_head", "head", "sub", "tail")
+
+    def __init__(self, sub: SubRef, head: str, tail: str) -> None:
+        self.sub = sub
+        self.head = head
+        self.tail = tail
+        self.ack_wait_s: float | None = None
+        self.deliver_head = f'"event":"deliver",{head}'
+        self.deliver_first = ""
+        self.ack_head = f'"event":"ack",{head}'
+        self.ack_first = f'{tail}"attempt":1,"ack_wait_s":null,"reason":null}}\n'
+
+    def set_ack_wait(self, ack_wait_s: float) -> None:
+        self.ack_wait_s = ack_wait_s
+        self.deliver_first = f'{self.tail}"attempt":1,"ack_wait_s":{ack_wait_s!r},"reason":"new"}}\n'
 
 
 class EventLog:
@@ -38,7 +63,10 @@ class EventLog:
         self.interval = interval
         self._pending: list[str | tuple[int, str, int, int]] = []  # lines, and publish runs
         self._quoted: dict[str, str] = {}
-        self._subs: dict[int, tuple[SubRef, str, str]] = {}  # id(SubRef) -> (it, JSON around seq)
+        self._subs: dict[int, _SubLines] = {}  # by id(SubRef)
+        # Bound once: the hot path appends twice per consumed message, and flush() keeps the list.
+        self._append = self._pending.append
+        self._sub_lines = self._subs.get
         self._file: IO[bytes] | None = None
         self._file_size = 0
         self._files = 0
@@ -51,28 +79,41 @@ class EventLog:
         # Encoded at once: a string is cheaper to keep until the next write than the event object
         # (which the garbage collector would otherwise walk over, many thousands at a time).
         # Deliveries and acks (two per consumed message) are spelled out here rather than in a
-        # function per kind: the call and a second cache lookup were a third of each line's cost.
+        # function per kind, and a first delivery or its ack is one cached prefix and suffix around
+        # `ts` and `seq`: the call, a second cache lookup and formatting the constant fields were
+        # half of each line's cost.
         sub = event.sub
-        cached = self._subs.get(id(sub))
-        if cached is None or cached[0] is not sub:  # `is`: an id can be reused once a SubRef is gone
-            cached = self._cache(sub)
-        if isinstance(event, Delivered):
-            self._pending.append(
-                f'{{"ts":{_now_ns() // 1000},"event":"deliver",{cached[1]}{event.seq}{cached[2]}'
-                f'"attempt":{event.attempt},"ack_wait_s":{event.ack_wait_s!r},"reason":"{event.reason._value_}"}}\n'
-            )
-        elif isinstance(event, Acked):
-            self._pending.append(
-                f'{{"ts":{_now_ns() // 1000},"event":"ack",{cached[1]}{event.seq}{cached[2]}'
-                f'"attempt":{event.attempt},"ack_wait_s":null,"reason":null}}\n'
-            )
+        c = self._sub_lines(id(sub))
+        if c is None or c.sub is not sub:  # `is`: an id can be reused once a SubRef is gone
+            c = self._cache(sub)
+        kind = type(event)
+        if kind is Delivered:
+            e: Any = event
+            if e.attempt == 1 and e.reason is _NEW:
+                if e.ack_wait_s != c.ack_wait_s:
+                    c.set_ack_wait(e.ack_wait_s)
+                self._append(f'{{"ts":{_now_ns() // 1000},{c.deliver_head}{e.seq}{c.deliver_first}')
+            else:
+                self._append(
+                    f'{{"ts":{_now_ns() // 1000},"event":"deliver",{c.head}{e.seq}{c.tail}"attempt":{e.attempt},'
+                    f'"ack_wait_s":{e.ack_wait_s!r},"reason":"{e.reason._value_}"}}\n'
+                )
+        elif kind is Acked:
+            e = event
+            if e.attempt == 1:
+                self._append(f'{{"ts":{_now_ns() // 1000},{c.ack_head}{e.seq}{c.ack_first}')
+            else:
+                self._append(
+                    f'{{"ts":{_now_ns() // 1000},"event":"ack",{c.head}{e.seq}{c.tail}'
+                    f'"attempt":{e.attempt},"ack_wait_s":null,"reason":null}}\n'
+                )
         else:
-            encode = _ENCODERS.get(type(event))
+            encode = _ENCODERS.get(kind)
             if encode is not None:
-                self._pending.append(encode(_now_ns() // 1000, cached[1], cached[2], event))
+                self._append(encode(_now_ns() // 1000, c.head, c.tail, event))
 
     def on_published(self, channel: str, first_seq: int, count: int, nbytes: int) -> None:
-        self._pending.append((time.time_ns() // 1000, channel, first_seq, count))
+        self._append((time.time_ns() // 1000, channel, first_seq, count))
 
     def on_commit(self, seconds: float, messages: int) -> None:
         pass
@@ -95,7 +136,8 @@ class EventLog:
                     await trio.to_thread.run_sync(self._file.close)
 
     async def flush(self) -> None:
-        batch, self._pending = self._pending, []
+        batch = self._pending.copy()
+        self._pending.clear()
         if batch:
             lines = self._encode(batch)
             await trio.to_thread.run_sync(self._write_lines, lines)
@@ -116,16 +158,14 @@ class EventLog:
 
     # -- encoding ----------------------------------------------------------------------------------
 
-    def _cache(self, sub: SubRef) -> tuple[SubRef, str, str]:
-        """The JSON around `seq` that a subscription's lines share, made once per subscription:
-        `"channel":...,"seq":` and `,"sub":...,"group":...,"member":...,`."""
+    def _cache(self, sub: SubRef) -> _SubLines:
         if len(self._subs) > 100_000:
             self._subs.clear()
         q = self._q
         group = sub.group
         head = f'"channel":{q(sub.channel)},"seq":'
         tail = f',"sub":{sub.sub_id},"group":{q(group) if group else "null"},"member":{q(sub.client_id)},'
-        cached = self._subs[id(sub)] = (sub, head, tail)
+        cached = self._subs[id(sub)] = _SubLines(sub, head, tail)
         return cached
 
     def _q(self, text: str) -> str:

@@ -99,3 +99,34 @@ def test_the_readme_documents_the_schema_as_it_is() -> None:
         assert f"| `{name}` | {kind} | {meaning} |" in readme, name
     for event in EVENTS:
         assert f"`{event}` (" in readme, event
+
+
+def test_cached_lines_follow_each_events_own_fields(tmp_path: Path) -> None:
+    """The per-subscription fast path must not reuse a first delivery's AckWait, attempt or reason
+    for an event that differs from it."""
+    from streaming.engine import Acked, Delivered, Event, Reason, SubRef
+    from streaming.event_log import EventLog
+
+    log = EventLog(tmp_path)
+    sub = SubRef("orders", 7, "client-a", queue_group="workers")
+    events: list[Event] = [
+        Delivered(sub, 1, 1, Reason.NEW, 30.0),
+        Acked(sub, 1, 1, 0.5),
+        Delivered(sub, 2, 1, Reason.NEW, 5.0),  # AckWait changed on the same subscription
+        Delivered(sub, 2, 2, Reason.ACK_TIMEOUT, 5.0),
+        Acked(sub, 2, 2, 0.1),
+        Delivered(sub, 3, 1, Reason.MEMBER_LEFT, 5.0),
+    ]
+    for event in events:
+        log.on_event(event)
+    lines = [json.loads(line) for line in log._encode(list(log._pending))]
+    assert [problems(line) for line in lines] == [[]] * len(events)
+    got = [(r["event"], r["seq"], r["attempt"], r["ack_wait_s"], r["reason"], r["group"]) for r in lines]
+    assert got == [
+        ("deliver", 1, 1, 30.0, "new", "workers"),
+        ("ack", 1, 1, None, None, "workers"),
+        ("deliver", 2, 1, 5.0, "new", "workers"),
+        ("deliver", 2, 2, 5.0, "ack_timeout", "workers"),
+        ("ack", 2, 2, None, None, "workers"),
+        ("deliver", 3, 1, 5.0, "member_left", "workers"),
+    ]
