@@ -1,0 +1,98 @@
+"""Reading the delivery event log into Spark: the explicit schema (from `streaming.event_schema`) and
+the split into events the analyses use and lines that are counted and reported as bad."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from functools import reduce
+from pathlib import Path
+
+import attrs
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import DataType, DoubleType, LongType, StringType, StructField, StructType
+
+from streaming.event_schema import DELIVERY_REASONS, EVENTS, FIELDS, REQUIRED
+
+CORRUPT = "_corrupt_record"
+
+_SPARK_TYPES: dict[str, DataType] = {"integer": LongType(), "string": StringType(), "number": DoubleType()}
+
+SCHEMA = StructType(
+    [StructField(name, _SPARK_TYPES[kind]) for name, (kind, _) in FIELDS.items()] + [StructField(CORRUPT, StringType())]
+)
+
+EXAMPLES = 5  # bad lines quoted in the summary, per kind
+
+
+@attrs.frozen
+class Loaded:
+    """What `read` found: `events` (the schema's columns plus `consumer`), and bad lines by kind."""
+
+    events: DataFrame
+    bad: dict[str, int]
+    examples: dict[str, list[str]]
+
+
+def consumer() -> Column:
+    """Who consumes: the queue group or durable name, else `#<sub id>` for a plain subscription (whose
+    messages no other subscription shares, so distinct counts stay per subscription)."""
+    return F.coalesce(F.col("group"), F.concat(F.lit("#"), F.col("sub").cast("string")))
+
+
+def _invalid() -> Column:
+    """A known event without one of its required fields, or a delivery with an unknown reason."""
+    checks = [
+        (F.col("event") == kind) & reduce(operator.or_, [F.col(name).isNull() for name in fields])
+        for kind, fields in REQUIRED.items()
+    ]
+    bad_reason = (F.col("event") == "deliver") & ~F.col("reason").isin(*DELIVERY_REASONS)
+    return reduce(operator.or_, [*checks, bad_reason])
+
+
+def paths_of(inputs: Sequence[str | Path]) -> list[str]:
+    """Event-log files: a directory stands for the `*.jsonl` files in it."""
+    out: list[str] = []
+    for item in inputs:
+        path = Path(item)
+        out += sorted(str(p) for p in path.glob("*.jsonl")) if path.is_dir() else [str(path)]
+    if not out:
+        raise FileNotFoundError(f"no event-log files (*.jsonl) in {', '.join(map(str, inputs))}")
+    return out
+
+
+def read(spark: SparkSession, inputs: Sequence[str | Path], stage: Path | None = None) -> Loaded:
+    """The events in `inputs`, parsed once: into Parquet at `stage` (every line, with `_bad` saying why
+    one is left out), else into memory for a small log."""
+    raw = (
+        spark.read.schema(SCHEMA)
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", CORRUPT)
+        .json(paths_of(inputs))
+    )
+    kind = (
+        F.when(F.col(CORRUPT).isNotNull(), "malformed")
+        .when(F.col("event").isNull() | ~F.col("event").isin(*EVENTS), "unknown_event")
+        .when(_invalid(), "invalid")
+        .otherwise(None)
+    )
+    classified = raw.withColumn("_bad", kind)
+    # Spark refuses a query over only the corrupt-record column of raw JSON; a stored frame is fine.
+    if stage is not None:
+        classified.write.mode("overwrite").parquet(str(stage))
+        classified = spark.read.parquet(str(stage))
+    else:
+        classified = classified.cache()
+    bad_rows = classified.filter(F.col("_bad").isNotNull())
+    bad = {row["_bad"]: row["count"] for row in bad_rows.groupBy("_bad").count().collect()}
+    examples: dict[str, list[str]] = {}
+    for name in bad:
+        sample = bad_rows.filter(F.col("_bad") == name).limit(EXAMPLES).collect()
+        examples[name] = [row[CORRUPT] or _describe(row.asDict()) for row in sample]
+    good = classified.filter(F.col("_bad").isNull()).drop(CORRUPT, "_bad").withColumn("consumer", consumer())
+    return Loaded(good, {k: bad.get(k, 0) for k in ("malformed", "unknown_event", "invalid")}, examples)
+
+
+def _describe(record: dict[str, object]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in record.items() if k in FIELDS and v is not None)
