@@ -6,13 +6,21 @@ plain subscription; a "redelivery" is a delivery for any reason but `new`."""
 from __future__ import annotations
 
 import attrs
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame, GroupedData, Window
 from pyspark.sql import functions as F
 
 from streaming.event_schema import DELIVERY_REASONS
 
 KEY = ["channel", "consumer"]
 REDELIVERY_REASONS = [r for r in DELIVERY_REASONS if r != "new"]
+RESTART_FIGURES = (
+    "restart",
+    "downtime_s",
+    "to_first_delivery_s",
+    "to_first_new_delivery_s",
+    "recovered_redeliveries",
+    "duplicates_of_acked",
+)
 
 
 @attrs.frozen
@@ -62,6 +70,12 @@ def _redelivery() -> Column:
     return (F.col("reason") != "new").cast("int")
 
 
+def _first(frame: DataFrame, by: list[str], order: list[Column]) -> DataFrame:
+    """The first row of each `by` group in `order`."""
+    rank = F.row_number().over(Window.partitionBy(*by).orderBy(*order))
+    return frame.withColumn("_rank", rank).filter(F.col("_rank") == 1).drop("_rank")
+
+
 def deliveries(events: DataFrame) -> DataFrame:
     return events.filter(F.col("event") == "deliver")
 
@@ -77,17 +91,19 @@ def end_of_log(events: DataFrame) -> int:
 # -- 1. amplification -----------------------------------------------------------------------------
 
 
+def _amplified(grouped: GroupedData) -> DataFrame:
+    return grouped.agg(
+        F.count("*").alias("deliveries"),
+        F.countDistinct("seq").alias("messages"),
+        F.sum(_redelivery()).alias("redeliveries"),
+    ).withColumn("amplification", F.col("deliveries") / F.col("messages"))
+
+
 def amplification(events: DataFrame, s: Settings) -> DataFrame:
     """Per channel, consumer and window: deliveries / distinct messages delivered."""
     d = deliveries(events).withColumn("window_start_us", _floor_to(F.col("ts"), s.window_us))
     return (
-        d.groupBy(*KEY, "window_start_us")
-        .agg(
-            F.count("*").alias("deliveries"),
-            F.countDistinct("seq").alias("messages"),
-            F.sum(_redelivery()).alias("redeliveries"),
-        )
-        .withColumn("amplification", F.col("deliveries") / F.col("messages"))
+        _amplified(d.groupBy(*KEY, "window_start_us"))
         .withColumn("window_start", _time("window_start_us"))
         .orderBy(*KEY, "window_start_us")
     )
@@ -95,17 +111,7 @@ def amplification(events: DataFrame, s: Settings) -> DataFrame:
 
 def amplification_overall(events: DataFrame) -> DataFrame:
     """The same over the whole log, per channel and consumer."""
-    return (
-        deliveries(events)
-        .groupBy(*KEY)
-        .agg(
-            F.count("*").alias("deliveries"),
-            F.countDistinct("seq").alias("messages"),
-            F.sum(_redelivery()).alias("redeliveries"),
-        )
-        .withColumn("amplification", F.col("deliveries") / F.col("messages"))
-        .orderBy(*KEY)
-    )
+    return _amplified(deliveries(events).groupBy(*KEY)).orderBy(*KEY)
 
 
 # -- 2. redelivery rate and reason mix ------------------------------------------------------------
@@ -236,11 +242,8 @@ def episodes(events: DataFrame, bucketed: DataFrame, s: Settings) -> DataFrame:
         (F.count("*") / F.countDistinct("seq")).alias("amplification"), F.count("*").alias("deliveries")
     )
     by_reason = inside.filter(F.col("reason") != "new").groupBy(*KEY, "start_us", "reason").count()
-    first = Window.partitionBy(*KEY, "start_us").orderBy(F.desc("count"), "reason")
-    dominant = (
-        by_reason.withColumn("rank", F.row_number().over(first))
-        .filter(F.col("rank") == 1)
-        .select(*KEY, "start_us", F.col("reason").alias("dominant_reason"))
+    dominant = _first(by_reason, [*KEY, "start_us"], [F.desc("count"), F.col("reason")]).select(
+        *KEY, "start_us", F.col("reason").alias("dominant_reason")
     )
     return (
         runs.join(amp, [*KEY, "start_us"], "left")
@@ -340,11 +343,8 @@ def member_skew(events: DataFrame, s: Settings) -> DataFrame:
         .groupBy(*KEY, "window_start_us", "sub", "member")
         .agg(F.count("*").alias("deliveries"), F.sum(_redelivery()).alias("redeliveries"))
     )
-    top = Window.partitionBy(*KEY, "window_start_us").orderBy(F.desc("redeliveries"), "sub")
-    top_member = (
-        per_member.withColumn("rank", F.row_number().over(top))
-        .filter(F.col("rank") == 1)
-        .select(*KEY, "window_start_us", F.col("member").alias("top_redelivery_member"))
+    top_member = _first(per_member, [*KEY, "window_start_us"], [F.desc("redeliveries"), F.col("sub")]).select(
+        *KEY, "window_start_us", F.col("member").alias("top_redelivery_member")
     )
     return (
         per_member.groupBy(*KEY, "window_start_us")
@@ -505,13 +505,7 @@ def status_samples(events: DataFrame, s: Settings, end_us: int) -> DataFrame:
 
 def status_now(samples: DataFrame) -> DataFrame:
     """Each consumer's status at its last sample (the end of the log)."""
-    latest = Window.partitionBy(*KEY).orderBy(F.desc("bucket"))
-    return (
-        samples.withColumn("rank", F.row_number().over(latest))
-        .filter(F.col("rank") == 1)
-        .select(*KEY, "lag", "status")
-        .orderBy(*KEY)
-    )
+    return _first(samples, KEY, [F.desc("bucket")]).select(*KEY, "lag", "status").orderBy(*KEY)
 
 
 # -- 9. restart cost ------------------------------------------------------------------------------
@@ -556,16 +550,7 @@ def restarts(events: DataFrame) -> DataFrame:
         .withColumn("to_first_delivery_s", (F.col("first_delivery_us") - F.col("start_us")) / 1e6)
         .withColumn("to_first_new_delivery_s", (F.col("first_new_delivery_us") - F.col("start_us")) / 1e6)
         .withColumn("started_at", _time("start_us"))
-        .select(
-            "started_at",
-            "start_us",
-            "restart",
-            "downtime_s",
-            "to_first_delivery_s",
-            "to_first_new_delivery_s",
-            "recovered_redeliveries",
-            "duplicates_of_acked",
-        )
+        .select("started_at", "start_us", *RESTART_FIGURES)
         .orderBy("start_us")
     )
 

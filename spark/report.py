@@ -16,6 +16,8 @@ matplotlib.use("Agg")  # files only: no display on servers or in CI
 import matplotlib.pyplot as plt
 from pyspark.sql import DataFrame, Row
 
+from spark.analyses import RESTART_FIGURES
+
 PLOT_SERIES = 6  # consumers drawn per plot, the busiest first
 SCATTER_POINTS = 20_000
 
@@ -45,6 +47,8 @@ def plot_redeliveries(buckets: list[dict[str, Any]], episodes: list[dict[str, An
     busiest = sorted(series, key=lambda k: -sum(n for _, n in series[k]))[:PLOT_SERIES]
     t0 = min((t for k in busiest for t, _ in series[k]), default=0.0)
     fig, ax = plt.subplots(figsize=(10, 4))
+    ax.set_xlabel("seconds since the first bucket")
+    ax.set_ylabel("redeliveries per bucket")
     for name in busiest:
         points = sorted(series[name])
         ax.step([t - t0 for t, _ in points], [n for _, n in points], where="post", label=name)
@@ -56,10 +60,12 @@ def plot_redeliveries(buckets: list[dict[str, Any]], episodes: list[dict[str, An
             alpha=0.15,
             label="storm episode" if i == 0 else None,
         )
-    ax.set_xlabel("seconds since the first bucket")
-    ax.set_ylabel("redeliveries per bucket")
-    ax.set_title("Redeliveries over time (storm episodes shaded)")
-    if busiest:
+    _finish(fig, ax, path, "Redeliveries over time (storm episodes shaded)", legend=bool(busiest))
+
+
+def _finish(fig: Any, ax: Any, path: Path, title: str, *, legend: bool) -> None:
+    ax.set_title(title)
+    if legend:
         ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -77,10 +83,7 @@ def plot_attempts(attempts: list[dict[str, Any]], path: Path) -> None:
         ax.set_yscale("log")
     ax.set_xlabel("delivery attempt")
     ax.set_ylabel("deliveries")
-    ax.set_title("Attempt distribution (all consumers)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _finish(fig, ax, path, "Attempt distribution (all consumers)", legend=False)
 
 
 def plot_handler_times(handled: list[dict[str, Any]], fit: list[dict[str, Any]], path: Path) -> None:
@@ -96,12 +99,7 @@ def plot_handler_times(handled: list[dict[str, Any]], fit: list[dict[str, Any]],
             ax.axhline(f["ack_wait_s"], color="tab:red", linestyle="--", label="AckWait" if i == 0 else None)
     ax.set_xlabel("acknowledged at, seconds since the first ack")
     ax.set_ylabel("ack - first delivery, seconds")
-    ax.set_title("Handler time (as the server sees it) against AckWait")
-    if by:
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _finish(fig, ax, path, "Handler time (as the server sees it) against AckWait", legend=bool(by))
 
 
 def _table(records: list[dict[str, Any]], columns: list[str]) -> str:
@@ -214,18 +212,7 @@ def write(out: Path, summary: dict[str, Any], plots: dict[str, str]) -> None:
         ),
         "## Restarts",
         "",
-        _table(
-            summary["restarts"],
-            [
-                "started_at",
-                "restart",
-                "downtime_s",
-                "to_first_delivery_s",
-                "to_first_new_delivery_s",
-                "recovered_redeliveries",
-                "duplicates_of_acked",
-            ],
-        ),
+        _table(summary["restarts"], ["started_at", *RESTART_FIGURES]),
         f"Analysed in {summary['seconds']:.1f} s. Parquet per analysis in this directory.",
         "",
     ]
