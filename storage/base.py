@@ -125,6 +125,11 @@ class Store(abc.ABC):
         found = self.read(channel, seq, 1)
         return found[0] if found and found[0].seq == seq else None
 
+    def get_many(self, channel: str, seqs: Sequence[int]) -> list[Message | None]:
+        """The messages at `seqs`, in that order (None where one is gone): for a redelivery pass,
+        which picks scattered sequences. Stores with transactions read them all in one."""
+        return [self.get(channel, seq) for seq in seqs]
+
     def first_seq_at_or_after(self, channel: str, timestamp_unix_ns: int) -> int:
         """First stored sequence whose timestamp is >= the given one; last_seq + 1 if none.
 

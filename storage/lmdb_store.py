@@ -444,6 +444,13 @@ class LmdbStore(Store):
         value = self._msgs.read(lambda txn: txn.get(key, db=self._msgs.dbs["messages"]))
         return None if value is None else decode_message(key, value, info.name)
 
+    def get_many(self, channel: str, seqs: Sequence[int]) -> list[Message | None]:
+        info = self._known(channel)
+        keys = [MSG_KEY.pack(info.channel_id, seq) for seq in seqs]
+        db = self._msgs.dbs["messages"]
+        values = self._msgs.read(lambda txn: [txn.get(key, db=db) for key in keys])
+        return [None if v is None else decode_message(k, v, info.name) for k, v in zip(keys, values, strict=True)]
+
     def expire(self, now_unix_ns: int | None = None) -> ExpireResult:
         now = now_or(now_unix_ns)
         aged = [c for c in self._channels.values() if self.limits.for_channel(c.name).max_age_s > 0]

@@ -803,6 +803,28 @@ class Engine:
                 self._cache[key] = message
         return message
 
+    def _read_many(self, channel: str, seqs: list[int]) -> list[Message | None]:
+        """`_read_one` for a redelivery pass: what is not in memory comes from the store in one read
+        (one transaction, not one per message)."""
+        out: list[Message | None] = [None] * len(seqs)
+        missing: list[int] = []
+        recent = self._recent.get(channel)
+        first, held = recent if recent is not None else (0, [])
+        cache = self._cache
+        for i, seq in enumerate(seqs):
+            if first <= seq < first + len(held):
+                out[i] = held[seq - first]
+            else:
+                found = cache.get((channel, seq))
+                if found is None:
+                    missing.append(i)
+                else:
+                    out[i] = found
+        if missing:
+            for i, message in zip(missing, self.store.get_many(channel, [seqs[i] for i in missing]), strict=True):
+                out[i] = message
+        return out
+
     # -- timers ----------------------------------------------------------------------------------
 
     def expire(self, sub_id: int, now: float, limit: int = 1000) -> int:
@@ -830,8 +852,8 @@ class Engine:
         if sub.group is None and not options.max_inflight_redeliveries and not options.max_deliver:
             # The common case, straight through: redeliver each expired message now, in order.
             pending, channel = sub.pending, sub.record.channel
-            for seq, _ in expired:
-                message = self._read_one(channel, seq)
+            messages = self._read_many(channel, [seq for seq, _ in expired])
+            for (seq, _), message in zip(expired, messages, strict=True):
                 if message is None:
                     self._forget(sub, seq)
                     self._emit_if(ExpiredByLimit(sub.ref, seq))

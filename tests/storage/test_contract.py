@@ -154,6 +154,16 @@ def test_messages_carry_every_field(make_store: StoreMaker) -> None:
     assert store.get("orders.eu", 0) is None
 
 
+def test_get_many_returns_scattered_messages_in_the_order_asked(make_store: StoreMaker) -> None:
+    store = make_store()
+    store.ensure_channel("a")
+    store.append(msgs("a", *[b"m%d" % i for i in range(1, 11)]), now_unix_ns=1 * S)
+    got = store.get_many("a", [7, 2, 99, 10, 2, 0])
+    assert [m.data if m is not None else None for m in got] == [b"m7", b"m2", None, b"m10", b"m2", None]
+    assert all(m is None or (m.subject, m.timestamp_unix_ns) == ("a", 1 * S) for m in got)
+    assert store.get_many("a", []) == []
+
+
 def test_empty_payload_is_a_message(make_store: StoreMaker) -> None:
     store = make_store()
     store.ensure_channel("a")
