@@ -40,7 +40,9 @@ def _label(row: dict[str, Any]) -> str:
     return f"{row['channel']} / {row['consumer']}"
 
 
-def plot_redeliveries(buckets: list[dict[str, Any]], episodes: list[dict[str, Any]], path: Path) -> None:
+def plot_redeliveries(
+    buckets: list[dict[str, Any]], episodes: list[dict[str, Any]], path: Path, bucket_s: float
+) -> None:
     series: dict[str, list[tuple[float, int]]] = defaultdict(list)
     for b in buckets:
         series[_label(b)].append((b["bucket_start_us"] / 1e6, b["redeliveries"]))
@@ -51,6 +53,7 @@ def plot_redeliveries(buckets: list[dict[str, Any]], episodes: list[dict[str, An
     ax.set_ylabel("redeliveries per bucket")
     for name in busiest:
         points = sorted(series[name])
+        points.append((points[-1][0] + bucket_s, points[-1][1]))  # so the last bucket has its width
         ax.step([t - t0 for t, _ in points], [n for _, n in points], where="post", label=name)
     for i, e in enumerate(episodes):
         ax.axvspan(

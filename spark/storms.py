@@ -111,7 +111,7 @@ def analyse(spark: SparkSession, inputs: Sequence[str | Path], out: Path, s: Set
         "restarts": report.rows(small["restarts"].orderBy("start_us")),
     }
     plots = {"redeliveries": "redeliveries.png", "attempts": "attempts.png", "handler_times": "handler_times.png"}
-    report.plot_redeliveries(report.rows(small["buckets"]), episodes, out / plots["redeliveries"])
+    report.plot_redeliveries(report.rows(small["buckets"]), episodes, out / plots["redeliveries"], s.bucket_s)
     report.plot_attempts(report.rows(small["attempts"]), out / plots["attempts"])
     handled = analyses.handler_times(events)
     fraction = min(1.0, report.SCATTER_POINTS / max(1, summary["events_by_kind"].get("ack", 0)))
