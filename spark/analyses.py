@@ -382,18 +382,18 @@ def leave_bursts(events: DataFrame) -> DataFrame:
     )
     d = deliveries(events)
     ack_wait = d.groupBy(*KEY).agg(F.max("ack_wait_s").alias("ack_wait_s"))
-    moved = d.filter(F.col("reason") == "member_left").select(*KEY, "seq", "ts", "sub")
-    burst = (
-        leaves.join(ack_wait, KEY, "left")
-        .join(moved, KEY, "left")
-        .filter(
-            F.col("ts").isNull()
-            | (
-                (F.col("ts") >= F.col("left_us"))
-                & (F.col("ts") <= F.col("left_us") + F.lit(2e6) * F.coalesce(F.col("ack_wait_s"), F.lit(0.0)))
-            )
-        )
+    moved = d.filter(F.col("reason") == "member_left").select(
+        F.col("channel").alias("m_channel"), F.col("consumer").alias("m_consumer"), "seq", "ts", "sub"
     )
+    with_wait = leaves.join(ack_wait, KEY, "left")
+    # The time window is part of the join, so a leave with no redelivery in it still has its row.
+    within = (
+        (F.col("channel") == F.col("m_channel"))
+        & (F.col("consumer") == F.col("m_consumer"))
+        & (F.col("ts") >= F.col("left_us"))
+        & (F.col("ts") <= F.col("left_us") + F.lit(2e6) * F.coalesce(F.col("ack_wait_s"), F.lit(0.0)))
+    )
+    burst = with_wait.join(moved, within, "left").drop("m_channel", "m_consumer")
     first_ack = (
         burst.filter(F.col("seq").isNotNull())
         .select(*KEY, "left_us", "seq")

@@ -154,6 +154,20 @@ def test_a_member_leave_burst_and_its_drain_time(spark: SparkSession, tmp_path: 
     assert burst["drain_s"] == pytest.approx(2.5)
 
 
+def test_a_leave_with_nothing_to_hand_over_still_has_its_row(spark: SparkSession, tmp_path: Path) -> None:
+    g: dict[str, Any] = {"group": "workers", "channel": "jobs", "ack_wait_s": 1.0}
+    log = [deliver(1, 5, sub=2, member="worker-2", **g), ack(1.5, 5, sub=2, member="worker-2", channel="jobs")]
+    log.append(record(s(10), "member_leave", channel="jobs", group="workers", sub=2, member="worker-2"))
+    log.append(deliver(30, 5, sub=1, attempt=2, reason="member_left", member="worker-1", **g))  # long after
+    [burst] = rows(analyses.leave_bursts(load(spark, tmp_path, log)))
+    assert (burst["left_member"], burst["redelivered"], burst["to_members"], burst["drain_s"]) == (
+        "worker-2",
+        0,
+        0,
+        0.0,
+    )
+
+
 def test_burrow_style_status_ok_warn_stall_stop(spark: SparkSession, tmp_path: Path) -> None:
     log = [record(s(0.5), "publish", channel="s", seq=n) for n in range(1, 101)]
     for sub in (1, 2, 3):  # plain subscriptions #1 (OK), #2 (STOP), #3 (STALL) on channel s
