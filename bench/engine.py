@@ -23,10 +23,7 @@ Figures (with --json the last line is one JSON object with these keys):
 
 from __future__ import annotations
 
-import argparse
 import gc
-import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -42,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Run as a script, bench/ is first on sys.path and bench/storage.py would shadow the `storage` package.
 sys.path.insert(0, str(ROOT))
 
-from bench.report import print_report  # noqa: E402
+from bench.report import arguments, machine, print_report  # noqa: E402
 from storage import ClientRecord, LmdbStore, MemoryStore, Message, NewMessage, Store  # noqa: E402
 from streaming.engine import Delivery, Engine, SubscribeRequest  # noqa: E402
 from streaming.runtime import EngineRuntime, tune_gc  # noqa: E402
@@ -184,9 +181,7 @@ def bench_bytes_per_pending(directory: Path, count: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a shorter run, under 30 s")
-    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser = arguments(__doc__, quick="a shorter run, under 30 s")
     args = parser.parse_args()
     console = Console(stderr=args.json)
     total = 200_000 if args.quick else 1_000_000
@@ -224,7 +219,7 @@ def main() -> int:
         "burst_max_loop_stall_ms": round(burst["stall_ms"], 2),
         "burst_redelivered": burst["redelivered"],
         "bytes_per_pending": round(per_pending, 1),
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}",
+        "machine": machine(),
     }
     spread_lateness = f"{spread['p99_ms']:.2f} / {spread['max_ms']:.2f}"
     burst_lateness = f"{burst['p50_ms']:.1f} / {burst['p99_ms']:.1f}"

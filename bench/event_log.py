@@ -11,7 +11,6 @@ becomes a line on disk. Figures are medians over the rounds; `*_ratio_with_log` 
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import statistics
 import sys
@@ -25,7 +24,7 @@ import trio  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
-from bench.report import print_report  # noqa: E402
+from bench.report import arguments, print_report  # noqa: E402
 from bench.wire import ours  # noqa: E402
 
 
@@ -40,9 +39,7 @@ def run(n_async: int, n_consume: int, event_log: bool) -> tuple[dict[str, float]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smaller runs (under a minute)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser = arguments(__doc__, quick="smaller runs (under a minute)")
     args = parser.parse_args()
     console = Console(stderr=args.json)
     n_async, n_consume, rounds = (50_000, 30_000, 2) if args.quick else (200_000, 100_000, 3)

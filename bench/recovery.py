@@ -20,6 +20,7 @@ before the restart). The server is stopped (SIGTERM) and started again on the sa
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -140,7 +141,7 @@ def run_ours(stored: int, pending: int) -> dict[str, float]:
         }
     finally:
         peers.stop(proc)
-        subprocess.run(["rm", "-rf", str(data)], check=False)
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def run_jetstream(stored: int, pending: int) -> dict[str, float]:
@@ -161,7 +162,7 @@ def run_jetstream(stored: int, pending: int) -> dict[str, float]:
         }
     finally:
         peers.stop(proc)
-        subprocess.run(["rm", "-rf", str(data)], check=False)
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def main() -> None:

@@ -14,10 +14,8 @@ Figures (the last line with --json is one JSON object with these keys):
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
 import shutil
 import struct
 import subprocess
@@ -35,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Run as a script, bench/ is first on sys.path and this file would shadow the `storage` package.
 sys.path.insert(0, str(ROOT))
 
-from bench.report import print_report  # noqa: E402
+from bench.report import arguments, machine, print_report  # noqa: E402
 from storage import LmdbStore, NewMessage, SaveSubscription, SetPending, SubscriptionRecord  # noqa: E402
 
 PAYLOAD = os.urandom(128)
@@ -126,9 +124,7 @@ def bench_recovery(directory: Path) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a smaller run, under 30 s")
-    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser = arguments(__doc__, quick="a smaller run, under 30 s")
     parser.add_argument("--dir", type=Path, default=None, help="where to put the stores (default: a temp dir)")
     args = parser.parse_args()
     console = Console(stderr=args.json)
@@ -168,7 +164,7 @@ def main() -> int:
         "recover_rss_mb": round(rss_mb, 1),
         "recover_rss_budget_mb": round(budget_mb, 1),
         "bytes_per_pending": round((rec["rss"] - rec["base_rss"]) / max(rec["pending"], 1), 1),
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}",
+        "machine": machine(),
     }
 
     rows = [

@@ -17,7 +17,6 @@ Each server runs in its own process; the client runs in this one. 128-byte messa
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import time
@@ -33,7 +32,7 @@ from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
 from bench.load import publish_pipelined  # noqa: E402
-from bench.report import machine, print_report  # noqa: E402
+from bench.report import arguments, machine, print_report  # noqa: E402
 from streaming.client import StartPosition, connect  # noqa: E402
 
 PAYLOAD = b"x" * 128
@@ -122,9 +121,7 @@ def run_jetstream(n_async: int, n_sync: int, n_consume: int) -> dict[str, float]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smaller runs (under a minute)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser = arguments(__doc__, quick="smaller runs (under a minute)")
     args = parser.parse_args()
     n_async, n_sync, n_consume = (20_000, 1_000, 20_000) if args.quick else (200_000, 5_000, 100_000)
     console = Console(stderr=args.json)
