@@ -258,7 +258,7 @@ def episodes(events: DataFrame, bucketed: DataFrame, s: Settings) -> DataFrame:
 # -- 5. AckWait fit -------------------------------------------------------------------------------
 
 
-def _handled(events: DataFrame) -> DataFrame:
+def handled(events: DataFrame) -> DataFrame:
     """Each ack with the message's first delivery to the consumer and its first redelivery. The server
     cannot tell which copy a client acknowledged (an ack names only the sequence), so handler time is
     measured from the first delivery: how long the consumer held the message, which is what AckWait
@@ -276,14 +276,14 @@ def _handled(events: DataFrame) -> DataFrame:
     return a.join(d, [*KEY, "seq"]).withColumn("handler_s", (F.col("acked_us") - F.col("delivered_us")) / 1e6)
 
 
-def ack_wait_fit(events: DataFrame, s: Settings) -> DataFrame:
+def ack_wait_fit(events: DataFrame, s: Settings, acked: DataFrame | None = None) -> DataFrame:
     """Per consumer: handler time (ack - first delivery) p50/p99 against AckWait, the late-ack fraction
     (acks that came after the message had already been sent again), a flag when p99 > fit_ratio x
     AckWait, and an AckWait, or else a MaxInflight, that would have kept p99 under it.
 
     Handler time as the server sees it includes the time a message waited in the client behind the
     others in flight; the per-message service time is the median gap between one member's acks."""
-    late = _handled(events).withColumn(
+    late = (acked if acked is not None else handled(events)).withColumn(
         "late", F.coalesce((F.col("redelivered_us") < F.col("acked_us")).cast("int"), F.lit(0))
     )
     gaps = (
@@ -321,9 +321,9 @@ def ack_wait_fit(events: DataFrame, s: Settings) -> DataFrame:
     )
 
 
-def handler_times(events: DataFrame) -> DataFrame:
-    """Per ack: when it came, how long the message was held and the AckWait (for the plot)."""
-    return _handled(events).select(*KEY, "acked_us", "handler_s", "ack_wait_s")
+def handler_times(acked: DataFrame) -> DataFrame:
+    """Per ack (from `handled`): when it came, how long the message was held and the AckWait."""
+    return acked.select(*KEY, "acked_us", "handler_s", "ack_wait_s")
 
 
 # -- 6. queue-member skew -------------------------------------------------------------------------

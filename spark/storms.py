@@ -62,6 +62,7 @@ def analyse(spark: SparkSession, inputs: Sequence[str | Path], out: Path, s: Set
     count, first_us, end_us = int(span[0]), span[1], int(span[2] or 0)
 
     bucketed = analyses.buckets(events, s).cache()
+    acked = analyses.handled(events).cache()  # the fit and the handler-time plot both join acks once
     samples = analyses.status_samples(events, s, end_us).cache()
     frames: dict[str, DataFrame] = {
         "amplification": analyses.amplification(events, s),
@@ -71,7 +72,7 @@ def analyse(spark: SparkSession, inputs: Sequence[str | Path], out: Path, s: Set
         "poison": analyses.poison(events, s, end_us),
         "buckets": bucketed,
         "storm_episodes": analyses.episodes(events, bucketed, s),
-        "ack_wait_fit": analyses.ack_wait_fit(events, s),
+        "ack_wait_fit": analyses.ack_wait_fit(events, s, acked),
         "member_skew": analyses.member_skew(events, s),
         "leave_bursts": analyses.leave_bursts(events),
         "status_samples": samples,
@@ -113,7 +114,7 @@ def analyse(spark: SparkSession, inputs: Sequence[str | Path], out: Path, s: Set
     plots = {"redeliveries": "redeliveries.png", "attempts": "attempts.png", "handler_times": "handler_times.png"}
     report.plot_redeliveries(report.rows(small["buckets"]), episodes, out / plots["redeliveries"], s.bucket_s)
     report.plot_attempts(report.rows(small["attempts"]), out / plots["attempts"])
-    handled = analyses.handler_times(events)
+    handled = analyses.handler_times(acked)
     fraction = min(1.0, report.SCATTER_POINTS / max(1, summary["events_by_kind"].get("ack", 0)))
     report.plot_handler_times(
         report.rows(handled.sample(fraction=fraction, seed=7) if fraction < 1 else handled),
@@ -122,6 +123,7 @@ def analyse(spark: SparkSession, inputs: Sequence[str | Path], out: Path, s: Set
     )
     events.unpersist()
     bucketed.unpersist()
+    acked.unpersist()
     samples.unpersist()
     summary["seconds"] = round(time.perf_counter() - started, 2)
     summary["timings_s"] = timings
