@@ -31,6 +31,9 @@ _TS = struct.Struct(">q")
 _REPLY_LEN = struct.Struct(">H")
 _CRC = struct.Struct(">I")
 MSG_HEADER_SIZE = _TS.size + _CRC.size + _REPLY_LEN.size
+_HEADER = struct.Struct(">qIH")  # timestamp, crc, reply length: the value's first MSG_HEADER_SIZE bytes
+_CRC_END = _TS.size + _CRC.size  # the checksum covers the key, the timestamp and everything from here
+_SEQ_OF_KEY = struct.Struct(">Q")  # the sequence half of MSG_KEY, at offset 4
 MAX_REPLY_BYTES = 0xFFFF
 _CHANNEL = struct.Struct(">IQQQQq")  # id, first, last, msgs, bytes, last timestamp
 
@@ -78,24 +81,24 @@ def message_timestamp(value: Raw) -> int:
 
 
 def decode_message(key: Raw, value: Raw, channel: str) -> Message:
+    """The stored message under `key`, checksum verified. This is the read path of every delivery
+    and redelivery that is not in memory: one header unpack, one CRC chain over slices, no copies of
+    the value beyond reply and data."""
     if len(value) < MSG_HEADER_SIZE:
         raise _corrupt(key, channel, f"value of {len(value)} bytes is shorter than its header")
-    view = memoryview(value)
-    (stored_crc,) = _CRC.unpack_from(view, _TS.size)
-    tail = view[_TS.size + _CRC.size :]
-    if zlib.crc32(tail, zlib.crc32(bytes(key) + bytes(view[: _TS.size]))) != stored_crc:
+    timestamp, stored_crc, reply_len = _HEADER.unpack_from(value)
+    crc32 = zlib.crc32
+    if crc32(value[_CRC_END:], crc32(value[: _TS.size], crc32(key))) != stored_crc:
         raise _corrupt(key, channel, "checksum mismatch")
-    (reply_len,) = _REPLY_LEN.unpack_from(tail)
-    if _REPLY_LEN.size + reply_len > len(tail):
+    reply_end = MSG_HEADER_SIZE + reply_len
+    if reply_end > len(value):
         raise _corrupt(key, channel, "reply length past the end of the value")
-    reply_end = _REPLY_LEN.size + reply_len
-    _, seq = MSG_KEY.unpack(key)
     return Message(
-        seq=seq,
-        timestamp_unix_ns=_TS.unpack_from(view)[0],
-        subject=channel,
-        reply=bytes(tail[_REPLY_LEN.size : reply_end]).decode(),
-        data=bytes(tail[reply_end:]),
+        _SEQ_OF_KEY.unpack_from(key, 4)[0],
+        timestamp,
+        channel,
+        str(value[MSG_HEADER_SIZE:reply_end], "utf-8") if reply_len else "",
+        bytes(value[reply_end:]),
     )
 
 
