@@ -43,6 +43,7 @@ from storage.records import (
     SubOptions,
     SubscriptionRecord,
     SubUpdate,
+    net_effect,
 )
 
 
@@ -94,5 +95,6 @@ __all__ = [
     "SubscriptionRecord",
     "TooManyChannelsError",
     "UnknownChannelError",
+    "net_effect",
     "open_store",
 ]

@@ -8,7 +8,7 @@ much to build, and that shows on the delivery hot path.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -152,6 +152,31 @@ class ClearPending:
 
 
 SubUpdate = SaveSubscription | DeleteSubscription | SetLastSent | SetPending | ClearPending
+
+
+def net_effect(updates: Sequence[SubUpdate]) -> list[SubUpdate]:
+    """The updates of a batch that still matter once it is applied in order.
+
+    A pending entry or a last-sent value written again later in the batch loses its earlier write:
+    the later put or delete replaces it whatever happens in between. Under load most messages are
+    delivered (or redelivered) and acked within one flush, so this halves what the store writes.
+    Applying the result leaves the store exactly as applying `updates` would.
+    """
+    latest: dict[tuple[int, int], int] = {}  # (sub id, seq or -1 for last-sent) -> index of its last write
+    keep = [True] * len(updates)
+    for i, update in enumerate(updates):
+        kind = type(update)
+        if kind is SetPending or kind is ClearPending:
+            key = (update.sub_id, update.seq)  # type: ignore[union-attr]
+        elif kind is SetLastSent:
+            key = (update.sub_id, -1)  # type: ignore[union-attr]
+        else:
+            continue
+        earlier = latest.get(key)
+        if earlier is not None:
+            keep[earlier] = False
+        latest[key] = i
+    return [update for update, kept in zip(updates, keep, strict=True) if kept]
 
 
 @attrs.frozen(slots=True)

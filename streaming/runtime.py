@@ -34,12 +34,13 @@ from typing import TypeVar
 import attrs
 import trio
 
-from storage import ChannelError, NewMessage, Store, StoreError, SubUpdate
+from storage import ChannelError, NewMessage, Store, StoreError, SubUpdate, net_effect
 from streaming.engine import DeadLetter, Delivery, Engine, dead_letter_payload
 from streaming.observers import ServerObserver
 
 log = logging.getLogger(__name__)
 _INLINE_APPLY = 2000  # updates per store call when the store runs on the Trio thread
+_FLUSH_HOLD_S = 0.2  # the longest subscription writes wait for a redelivery pass
 T = TypeVar("T")
 
 
@@ -99,6 +100,7 @@ class EngineRuntime:
         self._nursery: trio.Nursery | None = None
         self._expired: dict[int, None] = {}  # subscriptions whose deadline passed, in order
         self._expiry_work = trio.Event()
+        self._pass_done = trio.Event()  # set whenever the expiry worker has nothing queued
         self._deadlines: list[tuple[float, int]] = []  # (due, sub id) heap; stale entries skipped
         self._sweep_wake: trio.CancelScope | None = None
         self._grace = grace
@@ -237,6 +239,8 @@ class EngineRuntime:
                 self._longest_chunk = max(self._longest_chunk, time.perf_counter() - started)
                 await trio.lowlevel.checkpoint()  # let acks and publishes in between chunks
                 self._sweep(trio.current_time())
+            self._pass_done.set()
+            self._pass_done = trio.Event()
 
     def _sweep(self, now: float) -> None:
         """Queue every subscription whose deadline has passed, earliest first, before its own timer
@@ -273,6 +277,13 @@ class EngineRuntime:
     async def _flusher(self) -> None:
         while True:
             await self._work.wait()
+            # While a redelivery pass is under way its subscription writes wait for it (bounded):
+            # they are not on any client's path (a PubAck waits for the message store, not for
+            # these), a worker thread applying them takes the interpreter lock from the pass, and
+            # what waits is written once (`net_effect`: a redelivery acked meanwhile is one delete).
+            if self._expired:
+                with trio.move_on_after(_FLUSH_HOLD_S):
+                    await self._pass_done.wait()
             self._work = trio.Event()
             await self._flush_once()
 
@@ -281,7 +292,7 @@ class EngineRuntime:
             dead, self._dead = self._dead, []
             if dead:
                 await self._publish_dead_letters(dead)
-            updates, self._updates = self._updates, []
+            updates, self._updates = net_effect(self._updates), []
             # On a worker thread one transaction takes the lot; on the Trio thread slices keep the
             # loop responsive (each slice is still applied in order, so the result is the same).
             step = len(updates) if self._store_in_thread else _INLINE_APPLY

@@ -228,20 +228,32 @@ class StanServer:
             self._send(reply, message.SerializeToString())
 
     def _deliver(self, deliveries: list[Delivery]) -> None:
-        publish = self.broker.publish
+        # A pass of the engine mostly sends runs of messages to one inbox (a backlog, a redelivery
+        # chunk): each run is framed and written in one broker call.
+        publish_many = self.broker.publish_many
         msg = pb.MsgProto
+        inbox = ""
+        run: list[bytes] = []
         for d in deliveries:
+            if d.inbox != inbox:
+                if run:
+                    publish_many(inbox, run)
+                    run = []
+                inbox = d.inbox
             m = d.message
-            payload = msg(
-                sequence=m.seq,
-                subject=m.subject,
-                reply=m.reply,
-                data=m.data,
-                timestamp=m.timestamp_unix_ns,
-                redelivered=d.attempt > 1,
-                redeliveryCount=d.attempt - 1,
-            ).SerializeToString()
-            publish(d.inbox, payload)
+            run.append(
+                msg(
+                    sequence=m.seq,
+                    subject=m.subject,
+                    reply=m.reply,
+                    data=m.data,
+                    timestamp=m.timestamp_unix_ns,
+                    redelivered=d.attempt > 1,
+                    redeliveryCount=d.attempt - 1,
+                ).SerializeToString()
+            )
+        if run:
+            publish_many(inbox, run)
 
     def _after_batch(self) -> None:
         if self._dirty:
