@@ -157,6 +157,50 @@ async def test_updates_reach_the_store(autojump_clock: trio.testing.MockClock) -
         nursery.cancel_scope.cancel()
 
 
+async def test_subscription_writes_wait_for_a_redelivery_pass_and_land_once_after_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    w = World()
+    w.runtime = EngineRuntime(w.engine, w._deliver, scan_limit=100)
+    applied: list[tuple[bool, int]] = []  # (a pass was under way, updates written)
+    apply = w.store.apply
+
+    def recording_apply(updates: object) -> None:
+        batch = list(updates)  # type: ignore[call-overload]
+        applied.append((bool(w.runtime._expired), len(batch)))
+        apply(batch)
+
+    w.store.apply = recording_apply  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.runtime.run)
+        sub = w.subscribe(ack_wait_s=1, max_inflight=10_000)
+        w.publish(1_000)
+        await w.runtime.flush()
+        applied.clear()
+        await trio.sleep(0.999)
+
+        async def acker() -> None:
+            # Acks arriving while the 1,000 redeliveries go out in chunks of 100.
+            await trio.sleep(0.001)
+            for seq in range(1, 1_001):
+                if w.engine.ack(sub, seq, trio.current_time()):
+                    w.runtime.sync()
+                if seq % 50 == 0:
+                    await trio.lowlevel.checkpoint()
+
+        nursery.start_soon(acker)
+        await trio.sleep(0.5)
+        await w.runtime.flush()
+        assert applied, "the writes were made"
+        assert not any(during for during, _ in applied), "nothing was written while the pass ran"
+        # 1,000 deletes at most, plus the redelivery puts of messages not acked by the end of the pass
+        # (each redelivery acked in the same flush is one delete, not a put and a delete).
+        assert sum(n for _, n in applied) < 2_000
+        (recovered,) = w.store.recover().subscriptions
+        assert dict(recovered.pending) == {}
+        nursery.cancel_scope.cancel()
+
+
 async def test_dead_letters_are_published(autojump_clock: trio.testing.MockClock) -> None:
     w = World()
     async with trio.open_nursery() as nursery:
