@@ -82,8 +82,8 @@ def message_timestamp(value: Raw) -> int:
 
 def decode_message(key: Raw, value: Raw, channel: str) -> Message:
     """The stored message under `key`, checksum verified. This is the read path of every delivery
-    and redelivery that is not in memory: one header unpack, one CRC chain over slices, no copies of
-    the value beyond reply and data."""
+    and redelivery that is not in memory, so it does one header unpack and one CRC chain over the
+    key and two slices of the value."""
     if len(value) < MSG_HEADER_SIZE:
         raise _corrupt(key, channel, f"value of {len(value)} bytes is shorter than its header")
     timestamp, stored_crc, reply_len = _HEADER.unpack_from(value)

@@ -183,8 +183,9 @@ class Broker:
         return self._route(subject, reply, payload, None)
 
     def publish_many(self, subject: str, payloads: list[bytes]) -> None:
-        """Several messages to one subject with one lookup and one write per receiver (PubAcks of a
-        commit). Only for subjects no in-process handler listens on."""
+        """Several messages to one subject with one lookup and one write per receiver: the PubAcks of
+        a commit, a run of deliveries to one inbox. A subject an in-process handler or an
+        auto-unsubscribing subscription listens on takes the general path, one message at a time."""
         receivers = self._sublist.match(subject)
         if any(sub.conn is None or sub.max_msgs is not None for sub in receivers):
             for payload in payloads:  # the general path keeps handlers and auto-unsubscribe exact
