@@ -12,7 +12,8 @@
   subscriptions sharing a deadline: a 20 ms stall). The per-subscription timers are the backstop:
   they fire whenever the worker is more than the grace behind.
 - One flusher task writes what the engine queued: dead letters first (published to their channel
-  and delivered like any message), then subscription/pending updates in one `Store.apply` per burst.
+  and delivered like any message), then subscription/pending updates in one `Store.apply` per burst;
+  with `flush_linger` a burst is what gathers that long after the first write is queued (group commit).
 - Callers change the engine and then call `sync()` (never blocks): deliveries go to `deliver` in
   order, timers are re-armed, the flusher is woken.
 
@@ -83,6 +84,7 @@ class EngineRuntime:
         store_in_thread: bool = False,
         scan_limit: int = 500,
         grace: float = 0.05,
+        flush_linger: float = 0.0,
         observer: ServerObserver | None = None,
     ) -> None:
         self.engine = engine
@@ -104,6 +106,7 @@ class EngineRuntime:
         self._deadlines: list[tuple[float, int]] = []  # (due, sub id) heap; stale entries skipped
         self._sweep_wake: trio.CancelScope | None = None
         self._grace = grace
+        self._linger = flush_linger
         self.deleting: set[str] = set()  # channels being deleted for MaxInactivity (publishes refused)
         self._expiry_passes = 0
         self._timer_fires = 0
@@ -277,32 +280,44 @@ class EngineRuntime:
     async def _flusher(self) -> None:
         while True:
             await self._work.wait()
+            # Group commit: every ack of a busy subscriber queues an update, and a transaction per
+            # wake-up would be an fsync per ack, queueing on the disk beside the publish commits
+            # that PubAcks and deliveries wait for. Nothing waits for these writes (a crash loses
+            # at most the last linger's worth, which only causes redeliveries), so they gather.
+            if self._linger > 0:
+                await trio.sleep(self._linger)
             # While a redelivery pass is under way its subscription writes wait for it (bounded):
-            # they are not on any client's path (a PubAck waits for the message store, not for
-            # these), a worker thread applying them takes the interpreter lock from the pass, and
-            # what waits is written once (`net_effect`: a redelivery acked meanwhile is one delete).
+            # a worker thread applying them takes the interpreter lock from the pass, and what
+            # waits is written once (`net_effect`: a redelivery acked meanwhile is one delete).
             if self._expired:
                 with trio.move_on_after(_FLUSH_HOLD_S):
                     await self._pass_done.wait()
             self._work = trio.Event()
-            await self._flush_once()
+            await self._write_queued()
+            if not (self._dead or self._updates):
+                self._idle.set()
 
     async def _flush_once(self) -> None:
+        """Write everything queued, including what arrives meanwhile (shutdown)."""
         while self._dead or self._updates:
-            dead, self._dead = self._dead, []
-            if dead:
-                await self._publish_dead_letters(dead)
-            updates, self._updates = net_effect(self._updates), []
-            # On a worker thread one transaction takes the lot; on the Trio thread slices keep the
-            # loop responsive (each slice is still applied in order, so the result is the same).
-            step = len(updates) if self._store_in_thread else _INLINE_APPLY
-            for start in range(0, len(updates), step or 1):
-                try:
-                    await self._call(partial(self.store.apply, updates[start : start + step]))
-                except StoreError:
-                    # Losing these only causes redeliveries; later updates carry on from fresh state.
-                    log.exception("could not write %d subscription updates", len(updates[start : start + step]))
+            await self._write_queued()
         self._idle.set()
+
+    async def _write_queued(self) -> None:
+        """Write one snapshot of the queue: dead letters, then the net effect of the updates."""
+        dead, self._dead = self._dead, []
+        if dead:
+            await self._publish_dead_letters(dead)
+        updates, self._updates = net_effect(self._updates), []
+        # On a worker thread one transaction takes the lot; on the Trio thread slices keep the
+        # loop responsive (each slice is still applied in order, so the result is the same).
+        step = len(updates) if self._store_in_thread else _INLINE_APPLY
+        for start in range(0, len(updates), step or 1):
+            try:
+                await self._call(partial(self.store.apply, updates[start : start + step]))
+            except StoreError:
+                # Losing these only causes redeliveries; later updates carry on from fresh state.
+                log.exception("could not write %d subscription updates", len(updates[start : start + step]))
 
     async def _publish_dead_letters(self, dead: list[DeadLetter]) -> None:
         # Published before the updates that drop them from pending, so a crash in between

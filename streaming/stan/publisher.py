@@ -132,6 +132,14 @@ class Publisher:
                                 ack = pb.PubAck(guid=p.guid, error="stan: internal error (see the server log)")
                                 self._send(p.ack_subject, ack.SerializeToString())
                         self._done(batch)
+                        continue
+                    if self._queue:
+                        # A small next batch is committed inline, holding the loop for its fsync:
+                        # first let the connection writers send this one's deliveries and PubAcks.
+                        # They became runnable during this step; a task's order within Trio's next
+                        # batch is a coin flip, so after two checkpoints they have run either way.
+                        await trio.lowlevel.checkpoint()
+                        await trio.lowlevel.checkpoint()
         finally:
             # Shutting down: what was accepted is still stored (clients may or may not get the PubAck).
             with trio.move_on_after(10, shield=True):
@@ -152,7 +160,11 @@ class Publisher:
                 # loop for the fsync. A large batch goes to the thread so that parsing overlaps the fsync.
                 in_thread = self._in_thread and len(messages) > self._inline_batch
                 started = time.perf_counter()
-                result = await call_store(partial(self._store.append, messages), in_thread=in_thread)
+                if in_thread:
+                    result = await trio.to_thread.run_sync(self._store.append, messages)
+                else:
+                    # No checkpoint between the commit and the deliveries: `run` yields after this.
+                    result = self._store.append(messages)
                 if self._observer is not None:
                     self._observer.on_commit(time.perf_counter() - started, len(messages))
             except StoreError as exc:

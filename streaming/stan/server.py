@@ -50,6 +50,9 @@ from streaming.stan.requests import (
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# Subscription-state writes (acks, positions) gather this long into one fsynced transaction; a
+# machine crash loses at most that much of them, which only causes redeliveries.
+_STATE_FLUSH_LINGER_S = 0.01
 
 
 @attrs.frozen
@@ -134,7 +137,11 @@ class StanServer:
         for engine_observer in self._engine_observers:
             self.engine.add_observer(engine_observer)
         self.runtime = EngineRuntime(
-            self.engine, self._deliver, store_in_thread=self._in_thread, observer=self._observer
+            self.engine,
+            self._deliver,
+            store_in_thread=self._in_thread,
+            flush_linger=_STATE_FLUSH_LINGER_S if self._in_thread else 0.0,
+            observer=self._observer,
         )
         self.publisher = Publisher(
             self.store,

@@ -6,6 +6,7 @@ jump while a worker thread runs.
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -196,6 +197,42 @@ async def test_subscription_writes_wait_for_a_redelivery_pass_and_land_once_afte
         # 1,000 deletes at most, plus the redelivery puts of messages not acked by the end of the pass
         # (each redelivery acked in the same flush is one delete, not a put and a delete).
         assert sum(n for _, n in applied) < 2_000
+        (recovered,) = w.store.recover().subscriptions
+        assert dict(recovered.pending) == {}
+        nursery.cancel_scope.cancel()
+
+
+async def test_subscription_writes_gather_for_the_flush_linger(autojump_clock: trio.testing.MockClock) -> None:
+    """One ack a millisecond for 100 ms: with a 10 ms linger about ten transactions carry them all,
+    each written once, and `flush()` still returns only when everything is stored."""
+    w = World()
+    w.runtime = EngineRuntime(w.engine, w._deliver, flush_linger=0.01)
+    writes: list[tuple[float, int]] = []  # (when, updates in the call)
+    apply = w.store.apply
+
+    def recording_apply(updates: object) -> None:
+        batch = list(updates)  # type: ignore[call-overload]
+        writes.append((trio.current_time(), len(batch)))
+        apply(batch)
+
+    w.store.apply = recording_apply  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.runtime.run)
+        sub = w.subscribe(ack_wait_s=30, max_inflight=1_000)
+        w.publish(100)
+        await w.runtime.flush()
+        writes.clear()
+        start = trio.current_time()
+        for seq in range(1, 101):
+            await trio.sleep(0.001)
+            assert w.engine.ack(sub, seq, trio.current_time())
+            w.runtime.sync()
+        await w.runtime.flush()
+        assert trio.current_time() - start < 0.125, "the last acks waited one linger, not more"
+        assert 8 <= len(writes) <= 12, writes
+        assert sum(n for _, n in writes) == 100, "each ack's delete written once"
+        gaps = [b[0] - a[0] for a, b in itertools.pairwise(writes)]
+        assert min(gaps) >= 0.01 - 1e-9
         (recovered,) = w.store.recover().subscriptions
         assert dict(recovered.pending) == {}
         nursery.cancel_scope.cancel()
