@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable, Iterable
 
 import pytest
 import trio
 import trio.lowlevel
 import trio.testing
 
-from storage import ClientRecord, MemoryStore, Message, NewMessage, SubOptions
+from storage import ClientRecord, MemoryStore, Message, NewMessage, SubOptions, SubUpdate
 from streaming.engine import Delivery, Engine, Reason, SubscribeRequest
 from streaming.runtime import EngineRuntime
 
@@ -48,6 +49,17 @@ class World:
         sub_id = self.engine.subscribe(request, trio.current_time(), 0)
         self.runtime.sync()
         return sub_id
+
+    def record_writes(self, record: Callable[[int], None]) -> None:
+        """Call `record(number of updates)` at each `Store.apply`, before it runs."""
+        apply = self.store.apply
+
+        def recording_apply(updates: Iterable[SubUpdate]) -> None:
+            batch = list(updates)
+            record(len(batch))
+            apply(batch)
+
+        self.store.apply = recording_apply  # type: ignore[method-assign]
 
     def publish(self, count: int) -> None:
         self.store.ensure_channel("foo")
@@ -164,14 +176,7 @@ async def test_subscription_writes_wait_for_a_redelivery_pass_and_land_once_afte
     w = World()
     w.runtime = EngineRuntime(w.engine, w._deliver, scan_limit=100)
     applied: list[tuple[bool, int]] = []  # (a pass was under way, updates written)
-    apply = w.store.apply
-
-    def recording_apply(updates: object) -> None:
-        batch = list(updates)  # type: ignore[call-overload]
-        applied.append((bool(w.runtime._expired), len(batch)))
-        apply(batch)
-
-    w.store.apply = recording_apply  # type: ignore[method-assign]
+    w.record_writes(lambda n: applied.append((bool(w.runtime._expired), n)))
     async with trio.open_nursery() as nursery:
         await nursery.start(w.runtime.run)
         sub = w.subscribe(ack_wait_s=1, max_inflight=10_000)
@@ -208,14 +213,7 @@ async def test_subscription_writes_gather_for_the_flush_linger(autojump_clock: t
     w = World()
     w.runtime = EngineRuntime(w.engine, w._deliver, flush_linger=0.01)
     writes: list[tuple[float, int]] = []  # (when, updates in the call)
-    apply = w.store.apply
-
-    def recording_apply(updates: object) -> None:
-        batch = list(updates)  # type: ignore[call-overload]
-        writes.append((trio.current_time(), len(batch)))
-        apply(batch)
-
-    w.store.apply = recording_apply  # type: ignore[method-assign]
+    w.record_writes(lambda n: writes.append((trio.current_time(), n)))
     async with trio.open_nursery() as nursery:
         await nursery.start(w.runtime.run)
         sub = w.subscribe(ack_wait_s=30, max_inflight=1_000)
