@@ -130,7 +130,7 @@ class EngineRuntime:
         finally:
             self._nursery = None
             with trio.move_on_after(5, shield=True):
-                await self._flush_once()
+                await self._drain()
 
     def sync(self) -> None:
         """Take everything the engine queued since the last call and act on it. Never blocks."""
@@ -297,7 +297,7 @@ class EngineRuntime:
             if not (self._dead or self._updates):
                 self._idle.set()
 
-    async def _flush_once(self) -> None:
+    async def _drain(self) -> None:
         """Write everything queued, including what arrives meanwhile (shutdown)."""
         while self._dead or self._updates:
             await self._write_queued()

@@ -441,9 +441,7 @@ class StanServer:
         try:
             message = parse_publish(payload)
         except InvalidRequest as exc:
-            self.refused["stan_publish"] += 1
-            if reply:
-                self._send(reply, pb.PubAck(guid=exc.guid, error=str(exc)).SerializeToString())
+            self._respond(reply, pb.PubAck(guid=exc.guid, error=str(exc)))
             return None
         error = ""
         if message.connID:
@@ -455,9 +453,7 @@ class StanServer:
         if not error and message.subject in self.runtime.deleting:
             error = errors.CHANNEL_BEING_DELETED
         if error:
-            self.refused["stan_publish"] += 1
-            if reply:
-                self._send(reply, pb.PubAck(guid=message.guid, error=error).SerializeToString())
+            self._respond(reply, pb.PubAck(guid=message.guid, error=error))
             return None
         publisher = self.publisher
         publisher.submit(Publish(message.subject, message.data, message.reply, message.guid, reply))
