@@ -29,6 +29,7 @@ from streaming.nats import protocol as p
 from streaming.nats.subjects import Sublist, valid_literal, valid_subject
 
 log = logging.getLogger(__name__)
+_EVENTS_PER_STEP = 128  # events handled from one read before the reader lets other tasks run
 
 Handler = Callable[[str, str, bytes], Awaitable[None] | None]
 _NO_WAITS: list[Awaitable[None]] = []  # shared and never appended to
@@ -348,11 +349,19 @@ class Broker:
             if not data:
                 return
             parser.receive_data(data)
+            handled = 0
             try:
                 while True:
                     event = parser.next_event()
                     if event is p.NEED_DATA:
                         break
+                    handled += 1
+                    if handled % _EVENTS_PER_STEP == 0:
+                        # A 64 KiB read of acks is ~900 events, several ms of work: in slices, the
+                        # writers and the expiry worker keep a slow reader's socket fed meanwhile.
+                        for hook in hooks:
+                            hook()
+                        await trio.lowlevel.checkpoint()
                     if type(event) is p.Pub:
                         waits = self._on_pub(conn, event)
                         for wait in waits:

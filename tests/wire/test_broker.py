@@ -129,3 +129,38 @@ async def test_slow_consumer_is_cut_off_and_nobody_else_notices() -> None:
         events = await slow.until_closed()
         assert events[-1] == p.Err("Slow Consumer")
         assert sum(isinstance(e, p.Msg) for e in events) < count
+
+
+async def test_a_long_read_is_handled_in_slices() -> None:
+    """Thousands of frames in one read (a subscriber's acks) must not hold the loop for all of them:
+    the batch hooks run and other tasks get their turn every few hundred events."""
+    async with running(config()) as server:
+        broker = server.broker
+        handled: list[int] = [0]
+        hooks: list[int] = []
+        seen_by_others: set[int] = set()
+
+        def handler(subject: str, reply: str, payload: bytes) -> None:
+            handled[0] += 1
+
+        broker.subscribe("acks", handler)
+        broker.add_batch_hook(lambda: hooks.append(handled[0]))
+        count = 2000
+        client = await RawClient.open(server.port)
+        done = trio.Event()
+
+        async def other_task() -> None:
+            while not done.is_set():
+                seen_by_others.add(handled[0])
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other_task)
+            await client.send(b"PUB acks 4\r\nack!\r\n" * count + b"PING\r\n")  # 36 KB: one read or few
+            assert await client.next() == p.PONG
+            done.set()
+        assert handled[0] == count
+        in_between = {n for n in seen_by_others if 0 < n < count}
+        assert len(in_between) >= count // 256  # a read's events are sliced, not handled in one step
+        assert len([n for n in hooks if 0 < n < count]) >= count // 256
+        await client.aclose()
