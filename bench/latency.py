@@ -5,7 +5,8 @@
 One process publishes at a steady 2,000 messages/s (each message carries its send time; the
 publisher does not wait for PubAcks, which are collected as they come) and a subscriber on another
 connection in the same process acks each message; latency = arrival - send, same clock. The first
-0.5 s are warm-up and not counted. Full: 10 s per system; quick: 4 s.
+0.5 s are warm-up and not counted. Full: 10 s per system; quick: 4 s. Each server runs on the last
+CPU and the clients on the others (`peers.pin_apart`; `--no-pin` to leave them where Linux puts them).
 - ours: durable publish (PubAck after fsync) to a STAN subscription (manual ack), our Trio client;
 - jetstream: `publish_async` to a stream, push consumer (AckExplicit), nats-py; at its default a
   message is delivered before any fsync;
@@ -126,8 +127,10 @@ def _figures(latencies: list[float]) -> dict[str, float]:
     }
 
 
-def run(system: str, seconds: float) -> list[float]:
+def run(system: str, seconds: float, pin: bool = True) -> list[float]:
     with peers.start(system) as server:
+        if pin:
+            peers.pin_apart(server)
         if system == "ours":
             return trio.run(_ours, server.port, seconds)
         return asyncio.run(_jetstream(server.port, seconds))
@@ -142,6 +145,7 @@ def main() -> None:
         "--systems", default=",".join(SYSTEMS), help="which to run, comma-separated (default: all three)"
     )
     parser.add_argument("--runs", type=int, default=1, help="runs per system; each figure is the median over the runs")
+    parser.add_argument("--no-pin", action="store_true", help="leave the server and the clients where Linux puts them")
     args = parser.parse_args()
     systems = [s for s in SYSTEMS if s in args.systems.split(",")]
     if not systems or args.runs < 1:
@@ -154,6 +158,7 @@ def main() -> None:
         "rate_msgs_per_s": RATE,
         "seconds": seconds,
         "runs": args.runs,
+        "pinned": not args.no_pin,
     }
     samples: dict[str, list[float]] = {}
     with progress(console) as bar:
@@ -162,7 +167,7 @@ def main() -> None:
             bar.update(task, description=system)
             runs = []
             for _ in range(args.runs):
-                samples[system] = run(system, seconds)
+                samples[system] = run(system, seconds, pin=not args.no_pin)
                 runs.append(_figures(samples[system]))
                 bar.advance(task)
             for key in runs[0]:

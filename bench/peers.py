@@ -1,12 +1,13 @@
 """The servers a benchmark runs, each started on a free loopback port in a temp dir and stopped after:
 ours (`python -m streaming`, LMDB), NATS JetStream (`nats-server -js`, file storage, at its default
-sync or with `sync_interval: always`) and Redis (`redis-server` with appendonly); and reading the
-event log ours writes.
+sync or with `sync_interval: always`) and Redis (`redis-server` with appendonly); pinning a server
+and the benchmark to different CPUs for the timing figures; and reading the event log ours writes.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -129,6 +130,24 @@ def start(system: str) -> AbstractContextManager[Server]:
     if system == "redis":
         return redis()
     return jetstream(sync_always=system == "jetstream_sync")
+
+
+def pin_apart(server: Server) -> bool:
+    """Every thread of `server` onto the last CPU, this process (the clients) onto the others.
+
+    For the figures that time single messages (redelivery lateness, publish-to-deliver latency): the
+    client and the server wake each other through loopback sockets, and Linux's wake-affine placement
+    then often stacks both on one core for tens of ms while the other idles, which halves the speed of
+    both and makes those figures swing by 3x from run to run. Applied to every system alike: each
+    server gets one whole core, the clients the rest. False (nothing changed) on one CPU or off Linux.
+    """
+    cpus = os.cpu_count() or 1
+    if cpus < 2 or not hasattr(os, "sched_setaffinity"):
+        return False
+    for pid, cores in ((server.pid, {cpus - 1}), (os.getpid(), set(range(cpus - 1)))):
+        for tid in os.listdir(f"/proc/{pid}/task"):  # threads started later inherit their creator's
+            os.sched_setaffinity(int(tid), cores)
+    return True
 
 
 def read_events(directory: Path) -> Iterator[dict[str, Any]]:

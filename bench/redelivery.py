@@ -15,6 +15,8 @@ measured in the subscriber's process (so it includes the trip to the client both
   it (`ours_logged_server_lateness_*`: second send - (first send + AckWait), without the trips to the
   client). The headline figures are the default server's, as the peers run at their defaults.
 The run ends when every message came back once, plus 1.5 s to catch duplicates (or after 30 s).
+Each server runs on the last CPU and the clients on the others (`peers.pin_apart`; `--no-pin` to
+leave them where Linux puts them): unpinned, this figure swings by 3x between runs of any system.
 
 JSON keys: `<system>_lateness_p50_ms/_p99_ms/_max_ms`, `<system>_redelivered_once_fraction`,
 `<system>_duplicates`; ours also as `lateness_p99_ms` and `redelivered_once_fraction` (targets: p99
@@ -196,19 +198,25 @@ def server_lateness(events: Path) -> dict[str, float]:
     }
 
 
-def run(system: str, count: int) -> dict[str, float]:
+def run(system: str, count: int, pin: bool = True) -> dict[str, float]:
     if system == "ours":
         with peers.ours() as server:
+            if pin:
+                peers.pin_apart(server)
             return trio.run(_ours, server.port, count)
     if system == "ours_logged":
         data = Path(tempfile.mkdtemp(prefix="bench-redelivery-"))
         try:
             with peers.ours("--event_log", str(data / "events")) as server:
+                if pin:
+                    peers.pin_apart(server)
                 figures = trio.run(_ours, server.port, count)
             return {**figures, **server_lateness(data / "events")}
         finally:
             shutil.rmtree(data, ignore_errors=True)
     with peers.start(system) as server:
+        if pin:
+            peers.pin_apart(server)
         if system == "redis":
             return asyncio.run(_redis(server.port, count))
         return asyncio.run(_jetstream(server.port, count))
@@ -218,6 +226,7 @@ def main() -> None:
     parser = arguments(
         __doc__, quick="the same run (it takes under a minute anyway)", plot="lateness p50/p99/max per system"
     )
+    parser.add_argument("--no-pin", action="store_true", help="leave the server and the clients where Linux puts them")
     args = parser.parse_args()
     console = Console(stderr=args.json)
     count = 10_000
@@ -225,12 +234,13 @@ def main() -> None:
         "scale": "quick" if args.quick else "full",
         "machine": machine(),
         "messages": count,
+        "pinned": not args.no_pin,
     }
     with progress(console) as bar:
         task = bar.add_task("redelivery", total=len(SYSTEMS))
         for system in SYSTEMS:
             bar.update(task, description=system)
-            for key, value in run(system, count).items():
+            for key, value in run(system, count, pin=not args.no_pin).items():
                 result[f"{system}_{key}"] = value
             bar.advance(task)
     result["lateness_p99_ms"] = result["ours_lateness_p99_ms"]
