@@ -136,10 +136,10 @@ def pin_apart(server: Server) -> bool:
     """Every thread of `server` onto the last CPU, this process (the clients) onto the others.
 
     For the figures that time single messages (redelivery lateness, publish-to-deliver latency): the
-    client and the server wake each other through loopback sockets, and Linux's wake-affine placement
-    then often stacks both on one core for tens of ms while the other idles, which halves the speed of
-    both and makes those figures swing by 3x from run to run. Applied to every system alike: each
-    server gets one whole core, the clients the rest. False (nothing changed) on one CPU or off Linux.
+    client and the server wake each other through loopback sockets, Linux then at times runs both on
+    one core for tens of ms (a timeline showed every client step taking twice as long), and unpinned
+    those figures swing by 3x from run to run. Applied to every system alike: each server gets one
+    whole core, the clients the rest. False (nothing changed) on one CPU or off Linux.
     """
     cpus = os.cpu_count() or 1
     if cpus < 2 or not hasattr(os, "sched_setaffinity"):
