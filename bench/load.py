@@ -12,16 +12,24 @@ import trio
 
 from streaming.client import PubAckFuture, StanClient
 
+# Publishes queued between checkpoints. Without any, a loop queues the whole PubAck window (16,384,
+# ~100 ms of client CPU) before its first byte leaves, and the server idles meanwhile: 87-92k/s
+# against 100-118k/s with a checkpoint every 64-256 (`python -m streaming`, 100,000 publishes x 3).
+YIELD_EVERY = 128
+
 
 async def publish_pipelined(sc: StanClient, channel: str, count: int, payload: bytes) -> list[PubAckFuture]:
-    """Ours: queue without blocking while the PubAck window has room (one write per burst), wait for
-    room when it has not. The caller waits for the PubAcks (`sc.wait_pub_acks()`)."""
+    """Ours: queue without blocking while the PubAck window has room, letting the connection's writer
+    send every `YIELD_EVERY` (one write each), and wait for room when it has not. The caller waits
+    for the PubAcks (`sc.wait_pub_acks()`)."""
     futures: list[PubAckFuture] = []
-    for _ in range(count):
+    for i in range(count):
         try:
             futures.append(sc.publish_nowait(channel, payload))
         except trio.WouldBlock:
             futures.append(await sc.publish_async(channel, payload))
+        if i % YIELD_EVERY == YIELD_EVERY - 1:
+            await trio.lowlevel.checkpoint()
     return futures
 
 

@@ -413,8 +413,10 @@ class StanClient:
     def publish_nowait(self, channel: str, data: bytes) -> PubAckFuture:
         """`publish_async` that never blocks: raises trio.WouldBlock when too many are unacknowledged.
 
-        Loops that publish many messages go fastest with this: everything queued before the next
-        checkpoint leaves in one write.
+        Loops that publish many messages go fastest with this and a checkpoint
+        (`await trio.lowlevel.checkpoint()`) every hundred or so: what was queued since the last one
+        leaves in one write, and the server works on it while the loop queues more (without any, a
+        full window of 16,384 is queued before the first byte is sent: ~15% slower here).
         """
         self._check_open()
         if len(self._pubs) >= self._max_pubs:
