@@ -6,6 +6,7 @@ and the benchmark to different CPUs for the timing figures; and reading the even
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -133,20 +134,24 @@ def start(system: str) -> AbstractContextManager[Server]:
 
 
 def pin_apart(server: Server) -> bool:
-    """Every thread of `server` onto the last CPU, this process (the clients) onto the others.
+    """Every thread of `server` onto the last CPU this process may use, this process (the clients)
+    onto the others.
 
     For the figures that time single messages (redelivery lateness, publish-to-deliver latency): the
     client and the server wake each other through loopback sockets, Linux then at times runs both on
     one core for tens of ms (a timeline showed every client step taking twice as long), and unpinned
     those figures swing by 3x from run to run. Applied to every system alike: each server gets one
-    whole core, the clients the rest. False (nothing changed) on one CPU or off Linux.
+    whole core, the clients the rest. False (nothing changed) with fewer than 2 CPUs or off Linux.
     """
-    cpus = os.cpu_count() or 1
-    if cpus < 2 or not hasattr(os, "sched_setaffinity"):
+    if not hasattr(os, "sched_setaffinity"):
         return False
-    for pid, cores in ((server.pid, {cpus - 1}), (os.getpid(), set(range(cpus - 1)))):
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return False
+    for pid, cores in ((server.pid, {cpus[-1]}), (os.getpid(), set(cpus[:-1]))):
         for tid in os.listdir(f"/proc/{pid}/task"):  # threads started later inherit their creator's
-            os.sched_setaffinity(int(tid), cores)
+            with contextlib.suppress(ProcessLookupError):  # a thread that has just ended
+                os.sched_setaffinity(int(tid), cores)
     return True
 
 
