@@ -7,6 +7,7 @@ and the engine's.
 
 from __future__ import annotations
 
+import functools
 import re
 
 from google.protobuf.message import DecodeError, Message
@@ -34,6 +35,9 @@ def valid_client_id(client_id: str) -> bool:
 _CHANNEL = re.compile(r"[^./*>\s]+(\.[^./*>\s]+)*")
 
 
+@functools.lru_cache(
+    maxsize=4096
+)  # every publish asks, for the same few names: a regex each time was 2.5% of the server
 def valid_channel(name: str) -> bool:
     """A channel name: a literal NATS subject without `/` (spec §3.4 step 2)."""
     return _CHANNEL.fullmatch(name) is not None
