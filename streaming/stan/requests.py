@@ -35,9 +35,9 @@ def valid_client_id(client_id: str) -> bool:
 _CHANNEL = re.compile(r"[^./*>\s]+(\.[^./*>\s]+)*")
 
 
-@functools.lru_cache(
-    maxsize=4096
-)  # every publish asks, for the same few names: a regex each time was 2.5% of the server
+# Every publish asks, for the same few names: a regex each time cost ~4% of the server's CPU per
+# publish (7.8-7.9 -> 7.4-7.6 us over 300,000 pipelined publishes, four runs each way).
+@functools.lru_cache(maxsize=4096)
 def valid_channel(name: str) -> bool:
     """A channel name: a literal NATS subject without `/` (spec §3.4 step 2)."""
     return _CHANNEL.fullmatch(name) is not None
