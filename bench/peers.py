@@ -133,6 +133,10 @@ def start(system: str) -> AbstractContextManager[Server]:
     return jetstream(sync_always=system == "jetstream_sync")
 
 
+# The CPUs this process may use, as it started (a container's mask, not cpu_count).
+_CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+
 def pin_apart(server: Server) -> bool:
     """Every thread of `server` onto the last CPU this process may use, this process (the clients)
     onto the others.
@@ -142,10 +146,9 @@ def pin_apart(server: Server) -> bool:
     one core for tens of ms (a timeline showed every client step taking twice as long), and unpinned
     those figures swing by 3x from run to run. Applied to every system alike: each server gets one
     whole core, the clients the rest. False (nothing changed) with fewer than 2 CPUs or off Linux.
+    A server started after a call inherits the clients' CPUs from this process; its call moves it.
     """
-    if not hasattr(os, "sched_setaffinity"):
-        return False
-    cpus = sorted(os.sched_getaffinity(0))
+    cpus = _CPUS  # not this process's affinity now: after one call it is the clients' CPUs only
     if len(cpus) < 2:
         return False
     for pid, cores in ((server.pid, {cpus[-1]}), (os.getpid(), set(cpus[:-1]))):
