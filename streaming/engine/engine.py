@@ -789,23 +789,12 @@ class Engine:
         return self.store.read(channel, start, count)
 
     def _read_one(self, channel: str, seq: int) -> Message | None:
-        recent = self._recent.get(channel)
-        if recent is not None and recent[0] <= seq < recent[0] + len(recent[1]):
-            return recent[1][seq - recent[0]]
-        # Redeliveries of one message to many subscriptions (fan-out) read it once.
-        key = (channel, seq)
-        message = self._cache.get(key)
-        if message is None:
-            message = self.store.get(channel, seq)
-            if message is not None:
-                if len(self._cache) >= 4096:
-                    self._cache.clear()
-                self._cache[key] = message
-        return message
+        return self._read_many(channel, [seq])[0]
 
     def _read_many(self, channel: str, seqs: list[int]) -> list[Message | None]:
-        """`_read_one` for a redelivery pass: what is not in memory comes from the store in one read
-        (one transaction, not one per message)."""
+        """Messages for redelivery, from memory where possible; the rest from the store in one read
+        (one transaction, not one per message), kept so that redeliveries of one message to many
+        subscriptions (fan-out) read it once."""
         out: list[Message | None] = [None] * len(seqs)
         missing: list[int] = []
         recent = self._recent.get(channel)
@@ -823,6 +812,10 @@ class Engine:
         if missing:
             for i, message in zip(missing, self.store.get_many(channel, [seqs[i] for i in missing]), strict=True):
                 out[i] = message
+                if message is not None:
+                    if len(cache) >= 4096:
+                        cache.clear()
+                    cache[(channel, message.seq)] = message
         return out
 
     # -- timers ----------------------------------------------------------------------------------

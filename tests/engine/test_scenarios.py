@@ -8,6 +8,7 @@ restarts rebuild the engine from it (tests/engine/test_lmdb_restart.py does the 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -198,6 +199,31 @@ class CountingStore(MemoryStore):
     def read(self, channel: str, start_seq: int, max_count: int) -> list[Message]:
         self.reads += 1
         return super().read(channel, start_seq, max_count)
+
+
+class _GetManyCountingStore(MemoryStore):
+    """A real memory store that counts the messages a redelivery pass asks it for."""
+
+    asked = 0
+
+    def get_many(self, channel: str, seqs: Sequence[int]) -> list[Message | None]:
+        self.asked += len(seqs)
+        return super().get_many(channel, seqs)
+
+
+def test_a_fan_out_redelivery_reads_each_message_once() -> None:
+    # A backlog in the store, delivered to 20 subscriptions and expiring everywhere at once: the
+    # first subscription's pass reads the 50 messages, the other 19 find them in the engine's cache.
+    store = _GetManyCountingStore()
+    store.ensure_channel("foo")
+    store.append([NewMessage("foo", b"m%d" % i) for i in range(50)])
+    h = Harness(store)
+    h.client()
+    subs = [h.subscribe(ack_wait_s=1, start=StartPosition.FIRST) for _ in range(20)]
+    assert all(len(h.seqs(sub)) == 50 for sub in subs)
+    h.advance(1)
+    assert all(h.seqs(sub) == list(range(1, 51)) for sub in subs), "every copy redelivered"
+    assert store.asked == 50, f"{store.asked} messages read back for 20 x 50 redeliveries"
 
 
 def test_22_one_stalled_member_does_not_stall_the_group() -> None:
