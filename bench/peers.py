@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-SYSTEMS = ("ours", "jetstream", "jetstream_sync", "redis")
+SYSTEMS = ("ours", "ours_nosync", "jetstream", "jetstream_sync", "redis")
 
 
 @attrs.frozen
@@ -128,6 +128,8 @@ def start(system: str) -> AbstractContextManager[Server]:
     """One of SYSTEMS, at its benchmark settings."""
     if system == "ours":
         return ours()
+    if system == "ours_nosync":
+        return ours("--file_sync=false")
     if system == "redis":
         return redis()
     return jetstream(sync_always=system == "jetstream_sync")

@@ -53,6 +53,8 @@ HEADLINES: list[tuple[str, str, str, Check | None]] = [
     ("latency", "p99_ratio_vs_jetstream", "<= 1", lambda v: v <= 1),
     ("latency", "p50_ratio_vs_jetstream_sync", "", None),
     ("latency", "p99_ratio_vs_jetstream_sync", "", None),
+    ("latency", "nosync_p50_ratio_vs_jetstream", "", None),
+    ("latency", "nosync_p99_ratio_vs_jetstream", "", None),
     ("recovery", "ours_ready_s", "", None),
     ("recovery", "ours_pending_redelivered_s", "", None),
     ("recovery", "ours_rss_mb", "", None),

@@ -47,14 +47,22 @@ from storage.records import (
 )
 
 
-def open_store(kind: str, directory: str | Path | None, cluster_id: str, limits: StoreLimits | None = None) -> Store:
-    """Open the store the configuration names: "lmdb" (needs a directory) or "memory"."""
+def open_store(
+    kind: str,
+    directory: str | Path | None,
+    cluster_id: str,
+    limits: StoreLimits | None = None,
+    *,
+    sync: bool = True,
+) -> Store:
+    """Open the store the configuration names: "lmdb" (needs a directory; `sync=False`: no fsync per
+    commit, see lmdb_store) or "memory"."""
     if kind == "memory":
         return MemoryStore(cluster_id, limits)
     if kind == "lmdb":
         if directory is None:
             raise ValueError("the lmdb store needs a data directory")
-        return LmdbStore(directory, cluster_id, limits)
+        return LmdbStore(directory, cluster_id, limits, sync=sync)
     raise ValueError(f"unknown store kind {kind!r} (expected 'lmdb' or 'memory')")
 
 

@@ -2,7 +2,9 @@
 
 Durability contract (every implementation that says `recoverable = True`):
 - `append` returns only after the batch is on disk (fsynced): the server sends PubAcks only then, so
-  an acknowledged publish survives a crash of the process or of the machine.
+  an acknowledged publish survives a crash of the process or of the machine. A store opened not to
+  sync (`synced` false, an operator's choice) keeps the first half only: a committed batch survives
+  a crash of the process, and reaches the disk at the next `sync()`.
 - `apply` (subscription records, pending entries, last-sent positions) and client registrations are
   committed atomically per call but may be fsynced lazily: after a machine crash the last of these
   batches may be missing, which can only make the server redeliver a message, never lose one.
@@ -51,6 +53,7 @@ class StoreStatistics:
 
 class Store(abc.ABC):
     recoverable: ClassVar[bool]
+    synced: bool = True  # every append is on disk when it returns (False: only after `sync()`)
     limits: StoreLimits
 
     def __init__(self, limits: StoreLimits) -> None:
@@ -177,6 +180,9 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def statistics(self) -> StoreStatistics: ...
+
+    def sync(self) -> None:  # noqa: B027 (a no-op is right for every store that syncs each commit)
+        """Flush every commit so far to the disk; nothing to do for a store that syncs each one."""
 
     @abc.abstractmethod
     def close(self) -> None: ...

@@ -16,6 +16,12 @@ which only causes a redelivery (see the durability contract in base.py).
 Pending entries reference sequences that were appended (and fsynced) before they were delivered,
 so the two environments never need a transaction across both.
 
+`sync=False` (the server's `file_sync = false`, as nats-streaming-server's flag) opens both
+environments without any fsync on commit (MDB_NOSYNC); `sync()` flushes them, which the server does
+every `sync_interval` and at close. A crash of the server process loses nothing committed (the page
+cache has it); a crash of the machine loses what was committed since the last flush and, since LMDB
+then relies on the filesystem keeping the order of writes, can leave the store damaged.
+
 The map size is always set. When a write hits MapFullError the transaction has already been aborted;
 the map is grown once no transaction of this process is open (the resize gate) and the whole write
 is retried, so callers never see it. Only the configured maximum, or a full disk, ends in an error.
@@ -197,6 +203,14 @@ class _Env:
     def map_size(self) -> int:
         return int(self.env.info()["map_size"])
 
+    def sync(self) -> None:
+        """Flush every commit so far to the disk (for an environment opened with sync=False)."""
+        try:
+            with self.gate.shared():
+                self.env.sync(True)
+        except lmdb.Error as exc:
+            raise self._write_error(exc) from exc
+
     def close(self) -> None:
         self.env.close()
 
@@ -212,17 +226,24 @@ class LmdbStore(Store):
         *,
         map_size: int = DEFAULT_MAP_SIZE,
         max_map_size: int = DEFAULT_MAX_MAP_SIZE,
+        sync: bool = True,
     ) -> None:
         super().__init__(limits or StoreLimits())
+        self.synced = sync
         self.path = Path(directory)
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock = DirectoryLock(self.path)
         self._lock.acquire()
         self._envs: list[_Env] = []
         try:
-            self._msgs = self._open_env("msgs", ["meta", "channels", "messages"], map_size, max_map_size)
+            self._msgs = self._open_env("msgs", ["meta", "channels", "messages"], map_size, max_map_size, sync=sync)
             self._state = self._open_env(
-                "state", ["meta", "subs", "lastsent", "pending", "clients"], map_size, max_map_size, metasync=False
+                "state",
+                ["meta", "subs", "lastsent", "pending", "clients"],
+                map_size,
+                max_map_size,
+                metasync=False,
+                sync=sync,
             )
             self._server = self._check_meta(cluster_id)
             self._load_channels()
@@ -563,11 +584,19 @@ class LmdbStore(Store):
             self._msgs.used_bytes(), self._msgs.map_size(), self._state.used_bytes(), self._state.map_size()
         )
 
+    def sync(self) -> None:
+        if not self.synced:
+            for env in self._envs:
+                env.sync()
+
     def close(self) -> None:
-        for env in self._envs:
-            env.close()
-        self._envs.clear()
-        self._lock.release()
+        try:
+            self.sync()  # unsynced commits of a clean stop reach the disk before the lock is let go
+        finally:
+            for env in self._envs:
+                env.close()
+            self._envs.clear()
+            self._lock.release()
 
 
 def _get_meta(txn: lmdb.Transaction, *, db: lmdb._Database, key: bytes) -> bytes | memoryview | None:

@@ -11,14 +11,16 @@ import logging
 import signal
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import trio
 
 from storage import StoreError
-from streaming.config import ConfigError, ServerConfig, load, merged, parse_duration, parse_size
+from streaming.config import ConfigError, ServerConfig, load, merged, parse_bool, parse_duration, parse_size
 
 log = logging.getLogger("streaming")
+T = TypeVar("T")
 
 
 def _server_parser() -> argparse.ArgumentParser:
@@ -40,18 +42,26 @@ def _server_parser() -> argparse.ArgumentParser:
     add("-cid", "--cluster_id", help="cluster ID (default test-cluster)")
     add("-st", "--store", choices=["lmdb", "memory"], help="store type (default lmdb)")
     add("--dir", help="data directory for the lmdb store (default ./streaming-data)")
+    add(
+        "--file_sync",
+        type=_flag(parse_bool),
+        metavar="BOOL",
+        help="fsync every commit (default true); false: flush every --sync_interval instead, so a machine "
+        "crash loses up to that much and can damage the store (a crash of the server process loses nothing)",
+    )
+    add("--sync_interval", type=_flag(parse_duration), help="with --file_sync=false: how often to flush (default 1s)")
     add("-mc", "--max_channels", type=int, help="max number of channels (default 100, 0 = unlimited)")
     add("-msu", "--max_subs", type=int, help="max subscriptions per channel (default 1000, 0 = unlimited)")
     add("-mm", "--max_msgs", type=int, help="max messages per channel (default 1000000, 0 = unlimited)")
-    add("-mb", "--max_bytes", type=parse_size, help="max bytes per channel (default 1024000000, 0 = unlimited)")
-    add("-ma", "--max_age", type=parse_duration, help="max message age (default 0 = unlimited)")
-    add("--max_inactivity", type=parse_duration, help="delete channels idle this long (default 0 = never)")
-    add("-hbi", "--hb_interval", type=parse_duration, help="interval between server heartbeats (default 30s)")
-    add("-hbt", "--hb_timeout", type=parse_duration, help="wait for a heartbeat answer (default 10s)")
+    add("-mb", "--max_bytes", type=_flag(parse_size), help="max bytes per channel (default 1024000000, 0 = unlimited)")
+    add("-ma", "--max_age", type=_flag(parse_duration), help="max message age (default 0 = unlimited)")
+    add("--max_inactivity", type=_flag(parse_duration), help="delete channels idle this long (default 0 = never)")
+    add("-hbi", "--hb_interval", type=_flag(parse_duration), help="interval between server heartbeats (default 30s)")
+    add("-hbt", "--hb_timeout", type=_flag(parse_duration), help="wait for a heartbeat answer (default 10s)")
     add("-hbf", "--hb_fail_count", type=int, help="failed heartbeats before a client is closed (default 10)")
     add("--event_log", help="write the delivery event log (JSON Lines) into this directory (default off)")
-    add("--event_log_rotate", type=parse_size, help="start a new event log file past this size (default 64MB)")
-    add("--max_payload", type=parse_size, help="largest message accepted (default 1MB)")
+    add("--event_log_rotate", type=_flag(parse_size), help="start a new event log file past this size (default 64MB)")
+    add("--max_payload", type=_flag(parse_size), help="largest message accepted (default 1MB)")
     add(
         "--ack_wait_ms",
         action="store_true",
@@ -61,6 +71,18 @@ def _server_parser() -> argparse.ArgumentParser:
     add("-D", "--debug", action="store_true", help="debug logging")
     add("-V", "--trace", action="store_true", help="trace logging (as debug, plus protocol detail)")
     return parser
+
+
+def _flag(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse type whose error is the parser's own words, not "invalid parse_size value"."""
+
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -104,6 +126,12 @@ async def _run_server(config: ServerConfig) -> None:
             running = await nursery.start(serve, config)
             where = f"in {config.dir}" if config.store == "lmdb" else "in memory (nothing survives a restart)"
             log.info("store: %s %s", config.store, where)
+            if not running.store.synced:
+                log.warning(
+                    "file_sync is off: commits reach the disk every %gs; "
+                    "a machine crash can lose that much and damage the store",
+                    config.sync_interval,
+                )
             # Tests and scripts wait for this exact line (nats-server prints the same).
             log.info("Listening for client connections on %s:%d", config.host, running.port)
             async for signum in signals:
@@ -129,13 +157,13 @@ def _client_parser() -> argparse.ArgumentParser:
     sub.add_argument("channel")
     sub.add_argument("--durable", default="", help="durable name")
     sub.add_argument("--queue", "--qgroup", dest="queue", default="", help="queue group")
-    sub.add_argument("--ack_wait", type=parse_duration, default=30.0, help="AckWait (default 30s)")
+    sub.add_argument("--ack_wait", type=_flag(parse_duration), default=30.0, help="AckWait (default 30s)")
     sub.add_argument("--max_inflight", type=int, default=1024, help="MaxInflight (default 1024)")
     start = sub.add_mutually_exclusive_group()
     start.add_argument("--all", action="store_true", help="start with the first stored message")
     start.add_argument("--last", action="store_true", help="start with the last stored message")
     start.add_argument("--seq", type=int, help="start at this sequence")
-    start.add_argument("--since", type=parse_duration, help="start with messages from this long ago (e.g. 1m)")
+    start.add_argument("--since", type=_flag(parse_duration), help="start with messages from this long ago (e.g. 1m)")
     sub.add_argument("--manual_ack", action="store_true", help="ack explicitly (see --no_ack)")
     sub.add_argument("--no_ack", action="store_true", help="with --manual_ack: never ack (watch redeliveries)")
     sub.add_argument("--count", type=int, default=0, help="exit after this many messages (default: run forever)")

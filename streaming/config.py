@@ -67,6 +67,18 @@ def parse_duration(value: object) -> float:
     raise ValueError(f"expected a duration such as 30, '30s', '1m30s' or '500ms', got {value!r}")
 
 
+_BOOLS = {"true": True, "t": True, "1": True, "false": False, "f": False, "0": False}
+
+
+def parse_bool(value: object) -> bool:
+    """A TOML boolean, or the words Go's flags take ("true", "false", "1", "0", "t", "f")."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _BOOLS:
+        return _BOOLS[value.strip().lower()]
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
 def parse_size(value: object) -> int:
     if isinstance(value, bool):
         raise ValueError(f"expected a size, got {value!r}")
@@ -99,6 +111,16 @@ class ChannelConfig:
     max_inactivity: Duration = Duration(0.0)
 
 
+_POSITIVE_DURATIONS = (
+    "hb_interval",
+    "hb_timeout",
+    "dup_check_timeout",
+    "ping_interval",
+    "write_deadline",
+    "sync_interval",
+)
+
+
 @attrs.frozen
 class ServerConfig:
     cluster_id: str = "test-cluster"
@@ -107,6 +129,10 @@ class ServerConfig:
     http_port: int = 0  # monitoring: 0 = off, -1 = any free port (tests), as nats-server's RANDOM_PORT
     store: str = "lmdb"
     dir: str = "streaming-data"
+    # As nats-streaming-server's flag: false = no fsync per commit, a flush every sync_interval instead
+    # (a machine crash loses up to that much, and can damage the store; a crash of the process loses nothing).
+    file_sync: bool = True
+    sync_interval: Duration = Duration(1.0)
     max_channels: int = 100
     max_subs: int = 1000
     limits: LimitsConfig = LimitsConfig()
@@ -134,7 +160,7 @@ class ServerConfig:
             raise ConfigError("port must be between 0 and 65535, http_port between -1 and 65535")
         if not re.fullmatch(r"[a-zA-Z0-9_-]+", self.cluster_id):
             raise ConfigError(f"cluster_id: only letters, digits, '-' and '_' are allowed, got {self.cluster_id!r}")
-        for name in ("hb_interval", "hb_timeout", "dup_check_timeout", "ping_interval", "write_deadline"):
+        for name in _POSITIVE_DURATIONS:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.hb_fail_count < 0 or self.max_payload <= 0 or self.max_pending <= 0:
@@ -162,6 +188,7 @@ def _converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True)
     converter.register_structure_hook(Duration, lambda v, _: Duration(parse_duration(v)))
     converter.register_structure_hook(Size, lambda v, _: Size(parse_size(v)))
+    converter.register_structure_hook(bool, lambda v, _: parse_bool(v))  # not bool("false"), which is True
     for cls in (LimitsConfig, ChannelConfig, ServerConfig):
         converter.register_structure_hook(cls, make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=True))
     return converter

@@ -7,18 +7,20 @@ Tests run it in a nursery on port 0: `port = await nursery.start(serve, config)`
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 
 import attrs
 import trio
 
-from storage import Store, open_store
+from storage import Store, StoreError, open_store
 from streaming.config import ServerConfig
 from streaming.event_log import EventLog
 from streaming.metrics import Metrics
 from streaming.monitor import Monitor, serve_monitor
 from streaming.nats.broker import Broker, BrokerConfig
 from streaming.observers import Fanout
+from streaming.runtime import call_store
 from streaming.stan.server import StanConfig, StanServer
 
 log = logging.getLogger(__name__)
@@ -65,7 +67,9 @@ async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] =
     """Run the server until cancelled. Store errors at startup (lock, cluster ID, schema) propagate."""
     limits = config.store_limits()
     directory = config.dir if config.store == "lmdb" else None
-    store = await trio.to_thread.run_sync(open_store, config.store, directory, config.cluster_id, limits)
+    store = await trio.to_thread.run_sync(
+        partial(open_store, config.store, directory, config.cluster_id, limits, sync=config.file_sync)
+    )
     try:
         broker = Broker(broker_config(config))
         metrics = Metrics() if config.http_port else None
@@ -82,6 +86,8 @@ async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] =
         async with trio.open_nursery() as nursery:
             if event_log is not None:
                 await nursery.start(event_log.run)
+            if not store.synced:
+                nursery.start_soon(partial(sync_periodically, store, config.sync_interval, in_thread=True))
             await nursery.start(stan.run)
             port = await nursery.start(broker.serve)
             running = Running(port, broker, stan, store, event_log=event_log)
@@ -95,3 +101,14 @@ async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] =
         with trio.move_on_after(10, shield=True):
             await trio.to_thread.run_sync(store.close)
         log.info("store closed")
+
+
+async def sync_periodically(store: Store, interval: float, *, in_thread: bool) -> None:
+    """Flush a store that does not sync its commits (`file_sync = false`) every `interval` seconds."""
+    while True:
+        await trio.sleep(interval)
+        try:
+            await call_store(store.sync, in_thread=in_thread)
+        except StoreError as exc:
+            # Commits still go on (and are still in the page cache); the next flush tries again.
+            log.error("could not flush the store to disk: %s", exc)

@@ -20,14 +20,14 @@ class StoreMaker:
 
     @property
     def recoverable(self) -> bool:
-        return self.kind == "lmdb"
+        return self.kind != "memory"
 
     def __call__(self, limits: StoreLimits | None = None, cluster_id: str = "test-cluster") -> Store:
         store: Store
         if self.kind == "memory":
             store = MemoryStore(cluster_id, limits)
         else:
-            store = LmdbStore(self.directory, cluster_id, limits)
+            store = LmdbStore(self.directory, cluster_id, limits, sync=self.kind == "lmdb")
         self.opened.append(store)
         return store
 
@@ -43,7 +43,7 @@ class StoreMaker:
             store.close()
 
 
-@pytest.fixture(params=["memory", "lmdb"])
+@pytest.fixture(params=["memory", "lmdb", "lmdb_nosync"])  # lmdb_nosync: `file_sync = false`
 def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreMaker]:
     maker = StoreMaker(request.param, tmp_path / "data")
     yield maker

@@ -1,7 +1,8 @@
 """Child processes for the crash and disk-full tests (run with `python -m tests.storage.writer_child`).
 
-`crash DIR SEED`: appends batches forever, printing `committed <last seq>` after each append returns
-(so every printed sequence was acknowledged); the parent SIGKILLs it at a random moment.
+`crash DIR SEED [nosync]`: appends batches forever, printing `committed <last seq>` after each append
+returns (so every printed sequence was acknowledged); the parent SIGKILLs it at a random moment.
+`nosync` opens the store with sync=False (`file_sync = false`).
 
 `fill DIR`: appends 64 KiB messages until the disk is full, then checks what it can without a
 restart, reopens the store and checks again; prints one JSON object describing what happened.
@@ -22,9 +23,9 @@ def payload(seq: int) -> bytes:
     return (b"m%d:" % seq) * (1 + seq % 23)
 
 
-def crash(directory: Path, seed: int) -> None:
+def crash(directory: Path, seed: int, sync: bool = True) -> None:
     rng = random.Random(seed)
-    store = LmdbStore(directory)
+    store = LmdbStore(directory, sync=sync)
     store.ensure_channel("crash")
     info = store.channel_info("crash")
     assert info is not None
@@ -77,7 +78,7 @@ def fill(directory: Path) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "crash":
-        crash(Path(sys.argv[2]), int(sys.argv[3]))
+        crash(Path(sys.argv[2]), int(sys.argv[3]), sync=sys.argv[4:] != ["nosync"])
     elif sys.argv[1] == "fill":
         fill(Path(sys.argv[2]))
     else:

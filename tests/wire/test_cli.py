@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from streaming.cli import _overrides, _server_parser
 from streaming.config import ConfigError, load
 from tests.wire.servers import ServerProcess, server_process
 
@@ -82,6 +83,8 @@ def test_server_shuts_down_cleanly_on_sigterm(tmp_path: Path) -> None:
         ("store = 'sql'\n", "store: expected 'lmdb' or 'memory'"),
         ("[limits]\nmax_msgs = -1\n", "global limit max_msgs must be >= 0"),
         ("port = \n", "invalid TOML"),
+        ("file_sync = 'maybe'\n", "expected true or false, got 'maybe' @ config.file_sync"),
+        ("file_sync = false\nsync_interval = 0\n", "sync_interval must be positive"),
     ],
 )
 def test_bad_config_names_the_key(tmp_path: Path, toml: str, message: str) -> None:
@@ -108,6 +111,38 @@ def test_config_file_with_flag_overrides(tmp_path: Path) -> None:
     assert limits.for_channel("orders.eu").max_msgs == 0  # negative per channel = unlimited
     with pytest.raises(ConfigError, match="cannot read"):
         load(tmp_path / "missing.toml")
+
+
+@pytest.mark.parametrize(
+    ("argv", "toml", "expected"),
+    [
+        ([], "", (True, 1.0)),  # every commit fsynced unless asked otherwise
+        (["--file_sync=false"], "", (False, 1.0)),  # written as nats-streaming-server users write it
+        (["--file_sync", "0", "--sync_interval", "250ms"], "", (False, 0.25)),
+        ([], "file_sync = false\nsync_interval = '2m'\n", (False, 120.0)),
+        (["--file_sync=true"], "file_sync = false\n", (True, 1.0)),  # the flag wins over the file
+    ],
+)
+def test_file_sync_from_flags_and_file(
+    tmp_path: Path, argv: list[str], toml: str, expected: tuple[bool, float]
+) -> None:
+    path = tmp_path / "server.toml"
+    path.write_text(toml)
+    args = _server_parser().parse_args(["-c", str(path), *argv])
+    config = load(path, _overrides(args))
+    assert (config.file_sync, config.sync_interval) == expected
+
+
+def test_bad_file_sync_flag_is_refused() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "streaming", "--file_sync=sometimes"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "--file_sync" in done.stderr and "sometimes" in done.stderr
 
 
 def test_data_directory_in_use_is_refused(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 
 from streaming.client import Msg, StartPosition, Subscription, connect
@@ -18,9 +19,11 @@ async def drain(sub: Subscription, into: list[Msg]) -> None:
         into.append(await sub.next_msg())
 
 
-async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flags", [[], ["--file_sync=false"]], ids=["file_sync", "no_file_sync"])
+async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path: Path, flags: list[str]) -> None:
+    """Without an fsync per commit too: a killed server's commits are in the page cache."""
     port = free_port()
-    server = ServerProcess(["-p", str(port), "--dir", str(tmp_path / "data")]).start()
+    server = ServerProcess(["-p", str(port), "--dir", str(tmp_path / "data"), *flags]).start()
     acked: list[bytes] = []
     received: list[Msg] = []
     try:
