@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-SYSTEMS = ("ours", "ours_nosync", "jetstream", "jetstream_sync", "redis")
+SYSTEMS = ("ours", "jetstream", "jetstream_sync", "redis")
 
 
 @attrs.frozen
@@ -125,7 +125,7 @@ def redis(*, fsync: str = "everysec") -> Iterator[Server]:
 
 
 def start(system: str) -> AbstractContextManager[Server]:
-    """One of SYSTEMS, at its benchmark settings."""
+    """One of SYSTEMS, or ours_nosync (ours with `--file_sync=false`), at its benchmark settings."""
     if system == "ours":
         return ours()
     if system == "ours_nosync":
