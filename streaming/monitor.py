@@ -172,6 +172,7 @@ class Monitor:
             {
                 **self._head(),
                 "type": self.store_type.upper(),
+                "file_sync": store.synced,  # false: commits reach the disk every sync_interval, not each one
                 "limits": {
                     "max_channels": limits.max_channels,
                     "max_msgs": limits.channel.max_msgs,

@@ -35,7 +35,7 @@ async def test_pages_match_the_server_after_a_scripted_run(tmp_path: Path) -> No
             assert serverz["state"] == "STANDALONE"
 
             storez = await get(http, "/streaming/storez")
-            assert storez["type"] == "LMDB"
+            assert storez["type"] == "LMDB" and storez["file_sync"] is True
             assert storez["total_msgs"] == total
             assert storez["limits"]["max_channels"] == 100
             assert storez["total_bytes"] == sum(c.bytes for c in server.store.channels())

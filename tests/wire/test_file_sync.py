@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 
@@ -42,7 +43,10 @@ async def test_an_unsynced_store_is_flushed_every_interval(
     assert "EIO" in errors[0].getMessage()
 
 
-async def test_the_server_opens_the_store_as_configured(tmp_path: Path) -> None:
+async def test_the_server_opens_the_store_as_configured_and_says_so(tmp_path: Path) -> None:
     for file_sync in (True, False):
-        async with running(config(tmp_path / str(file_sync), file_sync=file_sync)) as server:
+        async with running(config(tmp_path / str(file_sync), file_sync=file_sync, http_port=-1)) as server:
             assert server.store.synced is file_sync
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}") as http:
+                storez = (await http.get("/streaming/storez")).json()
+            assert storez["file_sync"] is file_sync
