@@ -143,7 +143,7 @@ SYSTEMS = ("ours", "ours_nosync", "jetstream", "jetstream_sync")
 
 
 def main() -> None:
-    parser = arguments(__doc__, quick="4 s per system", plot="latency distribution (CDF) of both")
+    parser = arguments(__doc__, quick="4 s per system", plot="latency distribution (CDF) of each system")
     parser.add_argument(
         "--systems", default=",".join(SYSTEMS), help="which to run, comma-separated (default: all four)"
     )
