@@ -1,11 +1,12 @@
 """Publish group commit: every publish accepted from any connection while the store is busy goes into
-the next single `Store.append` (one fsynced transaction), then the engine hears of the new messages
-(deliveries go out), then every publisher gets its PubAck, in arrival order (spec §3.4 step 8).
+the next single `Store.append` (one transaction, fsynced unless `file_sync` is off), then the engine
+hears of the new messages (deliveries go out), then every publisher gets its PubAck, in arrival order
+(spec §3.4 step 8).
 
 A lone publish is committed at once (a batch of one), so sequential publishers are not delayed; under
 load the batch grows by itself while the previous commit runs (small ones on the event loop, large ones
-on the store thread). Accepted publishes
-beyond `high_water` make the publishing connections wait (TCP back-pressure), so memory stays bounded.
+on the store thread). Accepted publishes beyond `high_water` make the publishing connections wait (TCP
+back-pressure), so memory stays bounded.
 """
 
 from __future__ import annotations
