@@ -21,7 +21,7 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Iterable, Sequence
-from typing import ClassVar
+from typing import ClassVar, Self
 
 import attrs
 
@@ -38,7 +38,7 @@ from storage.records import (
     SubUpdate,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the LMDB store's publish journal (a version-1 server would not replay it)
 
 
 @attrs.frozen(slots=True)
@@ -187,7 +187,7 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None: ...
 
-    def __enter__(self) -> Store:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

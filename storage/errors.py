@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+_LOW_DISK_BYTES = 64 << 20
+
 
 class StoreError(Exception):
     """Base class of every error raised by a store."""
@@ -59,3 +64,20 @@ class UnknownChannelError(ChannelError):
     def __init__(self, name: str) -> None:
         self.name = name
         super().__init__(f"stan: unknown channel {name!r}")
+
+
+def write_failed(path: Path, exc: Exception) -> StoreWriteError:
+    """The error for a failed write under `path`: StoreFullError when the disk is (nearly) full."""
+    try:
+        st = os.statvfs(path)
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        free = -1
+    # A short write is often reported as EIO, so the disk's free space is what tells "full" apart.
+    if 0 <= free < _LOW_DISK_BYTES:
+        return StoreFullError(
+            f"{path}: disk full ({free} bytes free): the write failed ({exc}); everything committed before is intact"
+        )
+    return StoreWriteError(
+        f"{path}: the write failed ({exc}; {free} bytes free on that filesystem); everything committed before is intact"
+    )

@@ -2,25 +2,39 @@
 
 Layout of a data directory:
 
-    LOCK      exclusive flock held by the server process (see dirlock.py)
-    msgs/     LMDB environment, fully synced: meta, channels, messages (key: channel id, seq)
-    state/    LMDB environment, synced once per commit without the extra meta-page sync: meta,
-              subscriptions, last-sent positions, pending entries (key: sub id, seq), clients
+    LOCK          exclusive flock held by the server process (see dirlock.py)
+    msgs/         LMDB environment, fully synced: meta, channels, messages (key: channel id, seq)
+    msgs/journal.0, journal.1
+                  the publish journal (journal.py): every append since the last checkpoint
+    state/        LMDB environment, synced once per commit without the extra meta-page sync: meta,
+                  subscriptions, last-sent positions, pending entries (key: sub id, seq), clients
 
-Why two environments: LMDB has one writer per environment, and the publish path (group commit, two
-fsyncs per batch so a PubAck is never sent for something a power cut could take back) must not queue
-behind acknowledgement bookkeeping, nor the other way round. The state environment uses
-`metasync=False`: integrity is kept and a machine crash can undo at most the last state commit,
-which only causes a redelivery (see the durability contract in base.py).
+Appends go to the journal, not to LMDB: one record and one fdatasync per batch (an LMDB commit costs
+two fsyncs and its B-tree pages, and a PubAck waits for it). The messages stay in memory, where reads
+find them, until the checkpoint thread copies them into LMDB in one synced commit (every
+`checkpoint_interval` or `checkpoint_bytes` of journal) and switches appends to the other journal file.
+Retention limits are applied to the in-memory channel at once; the checkpoint deletes the rows. On
+opening, what the journal holds beyond the last checkpoint is replayed, limits included. LMDB is
+written only in synced commits, so it is never damaged, whatever the journal's syncing.
+
+Why two environments: LMDB has one writer per environment, and checkpoints must not queue behind
+acknowledgement bookkeeping, nor the other way round. The state environment uses `metasync=False`:
+integrity is kept and a machine crash can undo at most the last state commit, which only causes a
+redelivery (see the durability contract in base.py).
 
 Pending entries reference sequences that were appended (and fsynced) before they were delivered,
 so the two environments never need a transaction across both.
 
-`sync=False` (the server's `file_sync = false`, as nats-streaming-server's flag) opens both
-environments without any fsync on commit (MDB_NOSYNC); `sync()` flushes them, which the server does
-every `sync_interval` and at close. A crash of the server process loses nothing committed (the page
-cache has it); a crash of the machine loses what was committed since the last flush and, since LMDB
-then relies on the filesystem keeping the order of writes, can leave the store damaged.
+`sync=False` (the server's `file_sync = false`, as nats-streaming-server's flag) writes journal records
+and state commits without an fsync (the state environment opens with MDB_NOSYNC); `sync()` flushes
+them, which the server does every `sync_interval` and at close. A crash of the server process loses
+nothing committed (the page cache has it); a crash of the machine loses what was written since the
+last flush and, since LMDB then relies on the filesystem keeping the order of writes, can leave the
+state environment damaged.
+
+Locks, outermost first: the append lock (one append, eviction or journal switch at a time), the
+message environment's write lock (checkpoints, channel creation and deletion), the memory lock (the
+in-memory messages and how far LMDB goes; held only for a few dictionary operations).
 
 The map size is always set. When a write hits MapFullError the transaction has already been aborted;
 the map is grown once no transaction of this process is open (the resize gate) and the whole write
@@ -30,7 +44,9 @@ is retried, so callers never see it. Only the configured maximum, or a full disk
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -63,8 +79,9 @@ from storage.errors import (
     SchemaVersionError,
     StoreError,
     StoreFullError,
-    StoreWriteError,
+    write_failed,
 )
+from storage.journal import Journal
 from storage.limits import StoreLimits, plan_eviction
 from storage.records import (
     AppendResult,
@@ -86,10 +103,14 @@ from storage.records import (
 )
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 MiB = 1 << 20
+CHECKPOINT_BYTES = 8 * MiB  # of journal, or
+CHECKPOINT_INTERVAL_S = 1.0  # whichever comes first
+_RUN = struct.Struct(">IQqI")  # a journal record's run of one channel: id, first seq, timestamp, count
+_EMPTY: dict[int, tuple[bytes, bytes]] = {}
 DEFAULT_MAP_SIZE = 256 * MiB
 DEFAULT_MAX_MAP_SIZE = 1 << 40
-_LOW_DISK_BYTES = 64 * MiB
 _DAMAGED = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.VersionMismatchError)
 
 
@@ -180,21 +201,7 @@ class _Env:
             self.env.set_mapsize(min(current * 2, self.max_map_size))
 
     def _write_error(self, exc: lmdb.Error) -> StoreError:
-        try:
-            st = os.statvfs(self.path)
-            free = st.f_bavail * st.f_frsize
-        except OSError:
-            free = -1
-        # LMDB reports a short write as EIO, so the disk's free space is what tells "full" apart.
-        if 0 <= free < _LOW_DISK_BYTES:
-            return StoreFullError(
-                f"{self.path}: disk full ({free} bytes free): the write failed ({exc}); "
-                "everything committed before is intact"
-            )
-        return StoreWriteError(
-            f"{self.path}: the write failed ({exc}; {free} bytes free on that filesystem); "
-            "everything committed before is intact"
-        )
+        return write_failed(self.path, exc)
 
     def used_bytes(self) -> int:
         info, stat = self.env.info(), self.env.stat()
@@ -227,16 +234,41 @@ class LmdbStore(Store):
         map_size: int = DEFAULT_MAP_SIZE,
         max_map_size: int = DEFAULT_MAX_MAP_SIZE,
         sync: bool = True,
+        checkpoint_bytes: int = CHECKPOINT_BYTES,
+        checkpoint_interval: float = CHECKPOINT_INTERVAL_S,
     ) -> None:
         super().__init__(limits or StoreLimits())
         self.synced = sync
         self.path = Path(directory)
         self.path.mkdir(parents=True, exist_ok=True)
+        self._checkpoint_bytes = checkpoint_bytes
+        self._max_journal_bytes = max(checkpoint_bytes * 8, 64 * MiB)
+        self._checkpoint_interval = checkpoint_interval
+        self._append_lock = threading.Lock()  # one append (or eviction, or journal switch) at a time
+        self._mem_lock = threading.Lock()  # innermost: the in-memory messages and what LMDB holds
+        self._checkpoint_lock = threading.Lock()
+        self._wake = threading.Condition()  # the checkpoint thread, and appends waiting for room
+        self._recent: dict[int, dict[int, tuple[bytes, bytes]]] = {}  # channel id -> seq -> (key, value)
+        self._copying: dict[int, dict[int, tuple[bytes, bytes]]] = {}  # being checkpointed
+        self._in_lmdb: dict[int, int] = {}  # channel id -> last seq checkpointed into LMDB
+        self._dirty: set[int] = set()  # channels whose in-memory state LMDB does not have yet
+        self._unretired: int | None = None  # a journal epoch whose checkpoint failed
+        self._checkpoint_error: StoreError | None = None
+        self._closing = False
+        self._checkpointer: threading.Thread | None = None
         self._lock = DirectoryLock(self.path)
         self._lock.acquire()
         self._envs: list[_Env] = []
         try:
-            self._msgs = self._open_env("msgs", ["meta", "channels", "messages"], map_size, max_map_size, sync=sync)
+            (self.path / "msgs").mkdir(exist_ok=True)
+            self._journal = Journal(self.path / "msgs", sync=sync)
+        except BaseException:
+            self._lock.release()
+            raise
+        try:
+            # Always synced: LMDB is written only by checkpoints, and a checkpoint must be whole on
+            # disk before the journal file it copied is written again.
+            self._msgs = self._open_env("msgs", ["meta", "channels", "messages"], map_size, max_map_size)
             self._state = self._open_env(
                 "state",
                 ["meta", "subs", "lastsent", "pending", "clients"],
@@ -250,6 +282,16 @@ class LmdbStore(Store):
             self._next_sub_id = self._state.read(self._highest_sub_id) + 1
             self._next_channel_id = 1 + max((c.channel_id for c in self._channels.values()), default=0)
             self._next_channel_id = max(self._next_channel_id, self._msgs.read(self._stored_next_channel_id))
+            self._in_lmdb = {c.channel_id: c.last_seq for c in self._channels.values()}
+            checkpointed = self._msgs.read(partial(_get_meta, db=self._msgs.dbs["meta"], key=b"journal_epoch"))
+            replay = self._journal.recover(U64.unpack(checkpointed)[0] if checkpointed else 0)
+            for body in replay:
+                self._replay(body)
+            if replay:
+                self._unretired = self._journal.epoch - 1  # every epoch seen: all of it is in memory now
+                self._try_checkpoint()
+            self._checkpointer = threading.Thread(target=self._checkpoints, name=f"checkpoint {self.path}", daemon=True)
+            self._checkpointer.start()
         except BaseException:
             self.close()
             raise
@@ -271,6 +313,8 @@ class LmdbStore(Store):
                 )
 
         meta = self._msgs.dbs["meta"]
+        found = self._msgs.read(partial(_get_meta, db=meta, key=b"schema_version"))
+        self._schema_current = found is not None and U32.unpack(found)[0] == SCHEMA_VERSION
 
         def check(txn: lmdb.Transaction) -> ServerInfo:
             stored, created = txn.get(b"cluster_id", db=meta), txn.get(b"created_unix_ns", db=meta)
@@ -297,7 +341,17 @@ class LmdbStore(Store):
 
         self._state.write(lambda txn: txn.put(b"schema_version", U32.pack(SCHEMA_VERSION), db=self._state.dbs["meta"]))
         self._msgs.write(init)
+        self._schema_current = True
         return ServerInfo(cluster_id, SCHEMA_VERSION, created)
+
+    def _upgrade_schema(self) -> None:
+        """Mark a version-1 store as version 2 before its journal holds anything, so that an older
+        server refuses it rather than open it without replaying the journal. Done at the first append
+        rather than at open: opening writes only what is missing, so a store on a full disk still opens."""
+        meta = self._msgs.dbs["meta"]
+        with self._msgs.write_lock:
+            self._msgs.write(lambda txn: txn.put(b"schema_version", U32.pack(SCHEMA_VERSION), db=meta))
+        self._schema_current = True
 
     def _load_channels(self) -> None:
         def load(txn: lmdb.Transaction) -> list[ChannelInfo]:
@@ -332,6 +386,8 @@ class LmdbStore(Store):
 
             self._msgs.write(create)
             self._next_channel_id += 1
+            with self._mem_lock:
+                self._in_lmdb[info.channel_id] = 0
             self._channels[name.lower()] = info
             return info
 
@@ -348,7 +404,9 @@ class LmdbStore(Store):
             return [r.sub_id for r in records if r.channel == info.name]
 
         self.apply(DeleteSubscription(sub_id) for sub_id in self._state.read(on_channel))
-        with self._msgs.write_lock:
+        # A checkpoint that copies this channel's messages afterwards finds no channel record and skips
+        # them; a crash before this commit replays them into a channel that still exists.
+        with self._append_lock, self._msgs.write_lock:
 
             def delete(txn: lmdb.Transaction) -> None:
                 _delete_prefix(txn.cursor(db=self._msgs.dbs["messages"]), U32.pack(info.channel_id))
@@ -356,12 +414,19 @@ class LmdbStore(Store):
 
             self._msgs.write(delete)
             del self._channels[name.lower()]
+            with self._mem_lock:
+                self._in_lmdb.pop(info.channel_id, None)
+                self._recent.pop(info.channel_id, None)
+            self._dirty.discard(info.channel_id)
 
     # -- messages ------------------------------------------------------------------------------
 
     def append(self, messages: Sequence[NewMessage], now_unix_ns: int | None = None) -> AppendResult:
         now = now_or(now_unix_ns)
-        with self._msgs.write_lock:
+        self._wait_for_journal_room()
+        with self._append_lock:
+            if not self._schema_current:
+                self._upgrade_schema()
             before = {m.channel: self._known(m.channel) for m in messages}
             replies = [encode_reply(m.reply) for m in messages]
 
@@ -374,132 +439,300 @@ class LmdbStore(Store):
                 info = before[msg.channel]
                 assigned.append((info.last_seq + len(run), max(now, info.last_timestamp_unix_ns)))
 
-            def write(txn: lmdb.Transaction) -> tuple[dict[str, ChannelInfo], AppendResult]:
-                infos: dict[str, ChannelInfo] = {}
-                items: list[tuple[bytes, bytes]] = []
-                for name, run in runs.items():
-                    info = before[name]
-                    ts = max(now, info.last_timestamp_unix_ns)
-                    encoded = encode_run(info.channel_id, info.last_seq + 1, ts, run)
-                    items += encoded
-                    infos[name] = attrs.evolve(
-                        info,
-                        last_seq=info.last_seq + len(run),
-                        msgs=info.msgs + len(run),
-                        bytes=info.bytes + sum(len(v) for _, v in encoded),
-                        last_timestamp_unix_ns=ts,
-                    )
-                cursor = txn.cursor(db=self._msgs.dbs["messages"])
-                _, added = cursor.putmulti(items, overwrite=False)
-                if added != len(items):
-                    raise IntegrityError(
-                        f"{self.path}: {len(items) - added} new message keys already exist: channel metadata "
-                        "and the message log disagree"
-                    )
-                dropped: dict[str, range] = {}
-                for name, info in infos.items():
-                    info, gone = self._evict(txn, cursor, info, now)
-                    infos[name] = info
-                    txn.put(name.lower().encode(), encode_channel(info), db=self._msgs.dbs["channels"])
-                    if gone:
-                        dropped[name] = gone
-                return infos, AppendResult(assigned, dropped)
+            encoded: list[tuple[ChannelInfo, int, list[tuple[bytes, bytes]]]] = []
+            parts: list[bytes] = []
+            for name, run in runs.items():
+                info = before[name]
+                ts = max(now, info.last_timestamp_unix_ns)
+                items = encode_run(info.channel_id, info.last_seq + 1, ts, run)
+                encoded.append((info, ts, items))
+                parts.append(_RUN.pack(info.channel_id, info.last_seq + 1, ts, len(items)))
+                for _, value in items:
+                    parts += (U32.pack(len(value)), value)
+            self._journal.append(b"".join(parts))
 
-            infos, result = self._msgs.write(write)
-            for name, info in infos.items():
-                self._channels[name.lower()] = info
-            return result
+            dropped: dict[str, range] = {}
+            for info, ts, items in encoded:
+                gone = self._add(info, ts, items, now)
+                if gone:
+                    dropped[info.name] = gone
+        if self._journal.active_bytes >= self._checkpoint_bytes:
+            with self._wake:
+                self._wake.notify_all()
+        return AppendResult(assigned, dropped)
 
-    def _evict(
-        self, txn: lmdb.Transaction, cursor: lmdb.Cursor, info: ChannelInfo, now: int
-    ) -> tuple[ChannelInfo, range]:
+    def _add(self, info: ChannelInfo, ts: int, items: list[tuple[bytes, bytes]], now: int) -> range:
+        """Make journaled messages visible (in memory until the next checkpoint) and apply the limits.
+        Called with the append lock held."""
+        first = info.last_seq + 1
+        recent = self._recent.get(info.channel_id)
+        if recent is None:
+            recent = self._recent[info.channel_id] = {}
+        recent.update(zip(range(first, first + len(items)), items, strict=True))
+        info = attrs.evolve(
+            info,
+            last_seq=info.last_seq + len(items),
+            msgs=info.msgs + len(items),
+            bytes=info.bytes + sum(len(v) for _, v in items),
+            last_timestamp_unix_ns=ts,
+        )
+        info, gone = self._evict(info, now)
+        self._channels[info.name.lower()] = info
+        self._dirty.add(info.channel_id)
+        return gone
+
+    def _replay(self, body: bytes) -> None:
+        """Apply one journal record found at open: what LMDB already holds is skipped."""
+        by_id = {c.channel_id: c for c in self._channels.values()}
+        offset = 0
+        while offset < len(body):
+            channel_id, first, ts, count = _RUN.unpack_from(body, offset)
+            offset += _RUN.size
+            items = []
+            for seq in range(first, first + count):
+                (size,) = U32.unpack_from(body, offset)
+                offset += U32.size
+                items.append((MSG_KEY.pack(channel_id, seq), body[offset : offset + size]))
+                offset += size
+            info = by_id.get(channel_id)
+            if info is None:  # deleted after this record was written
+                continue
+            new = items[max(0, info.last_seq + 1 - first) :]
+            if new and MSG_KEY.unpack(new[0][0])[1] != info.last_seq + 1:
+                raise IntegrityError(
+                    f"{self.path}: the journal continues channel {info.name!r} at "
+                    f"{MSG_KEY.unpack(new[0][0])[1]}, but the store ends at {info.last_seq}"
+                )
+            if new:
+                self._add(info, ts, new, ts)
+                by_id[channel_id] = self._known(info.name)
+
+    def _evict(self, info: ChannelInfo, now: int) -> tuple[ChannelInfo, range]:
+        """Apply the limits to the in-memory channel; the next checkpoint deletes the rows."""
         limits = self.limits.for_channel(info.name)
-        if not (limits.max_msgs or limits.max_bytes or limits.max_age_s):
-            return info, range(0)
         if not (
             (limits.max_msgs and info.msgs > limits.max_msgs)
             or (limits.max_bytes and info.bytes > limits.max_bytes)
             or limits.max_age_s
         ):
             return info, range(0)
-
-        def oldest() -> Iterator[tuple[int, int]]:
-            if cursor.set_range(MSG_KEY.pack(info.channel_id, info.first_seq)):
-                for key, value in cursor.iternext():
-                    if MSG_KEY.unpack(key)[0] != info.channel_id:
-                        return
-                    yield len(value), message_timestamp(value)
-
-        count, freed = plan_eviction(limits, info.msgs, info.bytes, oldest(), now)
+        count, freed = plan_eviction(limits, info.msgs, info.bytes, self._oldest(info), now)
         gone = range(info.first_seq, info.first_seq + count)
-        if count:
-            if not cursor.set_range(MSG_KEY.pack(info.channel_id, gone.start)):
-                raise IntegrityError(f"channel {info.name!r}: message {gone.start} is missing")
-            for _ in gone:
-                cursor.delete()
         return attrs.evolve(info, first_seq=gone.stop, msgs=info.msgs - count, bytes=info.bytes - freed), gone
+
+    def _oldest(self, info: ChannelInfo) -> Iterator[tuple[int, int]]:
+        """(size, timestamp) of the channel's messages from the oldest on, read as far as needed."""
+        seq = info.first_seq
+        while seq <= info.last_seq:
+            values = self._values(info, seq, min(info.last_seq, seq + 255))
+            for value in values:
+                yield len(value), message_timestamp(value)
+            if not values:
+                raise IntegrityError(f"channel {info.name!r}: message {seq} is missing")
+            seq += len(values)
+
+    def _values(self, info: ChannelInfo, start: int, stop: int) -> list[bytes | memoryview]:
+        """The stored values of seq start..stop (inclusive, all within the channel) in order: the
+        checkpointed ones from LMDB, the newer ones from memory."""
+        channel_id = info.channel_id
+        with self._mem_lock:
+            in_lmdb = self._in_lmdb.get(channel_id, 0)
+            recent = self._recent.get(channel_id, _EMPTY)
+            copying = self._copying.get(channel_id, _EMPTY)
+        out: list[bytes | memoryview] = []
+        if start <= in_lmdb:
+            last = min(stop, in_lmdb)
+            db = self._msgs.dbs["messages"]
+
+            def read(txn: lmdb.Transaction) -> list[bytes | memoryview]:
+                cursor = txn.cursor(db=db)
+                found: list[bytes | memoryview] = []
+                if cursor.set_range(MSG_KEY.pack(channel_id, start)):
+                    end = MSG_KEY.pack(channel_id, last)
+                    for key, value in cursor.iternext():
+                        if bytes(key) > end:
+                            break
+                        found.append(value)
+                return found
+
+            out = self._msgs.read(read)
+            if len(out) != last - start + 1:
+                raise IntegrityError(f"channel {info.name!r}: messages {start}..{last} are not all stored")
+        for seq in range(max(start, in_lmdb + 1), stop + 1):
+            item = recent.get(seq) or copying.get(seq)
+            if item is None:
+                raise IntegrityError(f"channel {info.name!r}: message {seq} is missing")
+            out.append(item[1])
+        return out
 
     def read(self, channel: str, start_seq: int, max_count: int) -> list[Message]:
         info = self._known(channel)
         start = max(start_seq, info.first_seq)
-        if start > info.last_seq or max_count <= 0:
+        stop = min(info.last_seq, start + max_count - 1)
+        if start > stop:
             return []
-        prefix = info.channel_id
-
-        def read(txn: lmdb.Transaction) -> list[Message]:
-            cursor = txn.cursor(db=self._msgs.dbs["messages"])
-            out: list[Message] = []
-            if not cursor.set_range(MSG_KEY.pack(prefix, start)):
-                return out
-            for key, value in cursor.iternext():
-                if MSG_KEY.unpack(key)[0] != prefix or len(out) >= max_count:
-                    break
-                out.append(decode_message(key, value, info.name))
-            return out
-
-        return self._msgs.read(read)
+        pack, name, cid = MSG_KEY.pack, info.name, info.channel_id
+        values = self._values(info, start, stop)
+        return [decode_message(pack(cid, seq), v, name) for seq, v in zip(range(start, stop + 1), values, strict=True)]
 
     def get(self, channel: str, seq: int) -> Message | None:
-        info = self._known(channel)
-        key = MSG_KEY.pack(info.channel_id, seq)
-        value = self._msgs.read(lambda txn: txn.get(key, db=self._msgs.dbs["messages"]))
-        return None if value is None else decode_message(key, value, info.name)
+        return self.get_many(channel, [seq])[0]
 
     def get_many(self, channel: str, seqs: Sequence[int]) -> list[Message | None]:
         info = self._known(channel)
-        keys = [MSG_KEY.pack(info.channel_id, seq) for seq in seqs]
+        cid, name = info.channel_id, info.name
+        with self._mem_lock:
+            in_lmdb = self._in_lmdb.get(cid, 0)
+            recent = self._recent.get(cid, _EMPTY)
+            copying = self._copying.get(cid, _EMPTY)
+        keys = [MSG_KEY.pack(cid, seq) for seq in seqs]
+        older = [key for seq, key in zip(seqs, keys, strict=True) if info.first_seq <= seq <= in_lmdb]
         db = self._msgs.dbs["messages"]
-        values = self._msgs.read(lambda txn: [txn.get(key, db=db) for key in keys])
-        return [None if v is None else decode_message(k, v, info.name) for k, v in zip(keys, values, strict=True)]
+        from_lmdb = dict(zip(older, self._msgs.read(lambda txn: [txn.get(k, db=db) for k in older]), strict=True))
+        out: list[Message | None] = []
+        for seq, key in zip(seqs, keys, strict=True):
+            value: bytes | memoryview | None = None
+            if info.first_seq <= seq <= info.last_seq:
+                if seq <= in_lmdb:
+                    value = from_lmdb[key]
+                else:
+                    item = recent.get(seq) or copying.get(seq)
+                    value = None if item is None else item[1]
+            out.append(None if value is None else decode_message(key, value, name))
+        return out
 
     def expire(self, now_unix_ns: int | None = None) -> ExpireResult:
         now = now_or(now_unix_ns)
-        aged = [c for c in self._channels.values() if self.limits.for_channel(c.name).max_age_s > 0]
-        with self._msgs.write_lock:
-
-            def sweep(txn: lmdb.Transaction) -> tuple[list[ChannelInfo], dict[str, range], int | None]:
-                cursor = txn.cursor(db=self._msgs.dbs["messages"])
-                updated, dropped, next_expiry = [], {}, None
-                for info in aged:
-                    info, gone = self._evict(txn, cursor, info, now)
-                    if gone:
-                        dropped[info.name] = gone
-                        updated.append(info)
-                        txn.put(info.name.lower().encode(), encode_channel(info), db=self._msgs.dbs["channels"])
-                    if info.msgs:
-                        first = txn.get(MSG_KEY.pack(info.channel_id, info.first_seq), db=self._msgs.dbs["messages"])
-                        if first is None:
-                            raise IntegrityError(f"channel {info.name!r}: message {info.first_seq} is missing")
-                        due = message_timestamp(first) + self.limits.for_channel(info.name).max_age_ns
-                        next_expiry = due if next_expiry is None else min(next_expiry, due)
-                return updated, dropped, next_expiry
-
-            if not aged:
-                return ExpireResult({}, None)
-            updated, dropped, next_expiry = self._msgs.write(sweep)
-            for info in updated:
-                self._channels[info.name.lower()] = info
+        dropped: dict[str, range] = {}
+        next_expiry: int | None = None
+        with self._append_lock:
+            for info in list(self._channels.values()):
+                max_age_ns = self.limits.for_channel(info.name).max_age_ns
+                if max_age_ns <= 0:
+                    continue
+                info, gone = self._evict(info, now)
+                if gone:
+                    dropped[info.name] = gone
+                    self._channels[info.name.lower()] = info
+                    self._dirty.add(info.channel_id)
+                if info.msgs:
+                    due = message_timestamp(self._values(info, info.first_seq, info.first_seq)[0]) + max_age_ns
+                    next_expiry = due if next_expiry is None else min(next_expiry, due)
         return ExpireResult(dropped, next_expiry)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def checkpoint(self) -> None:
+        """Copy what the journal holds into LMDB (one synced commit) and start the other journal file.
+
+        The store's own thread does this every `checkpoint_interval` or `checkpoint_bytes` of journal,
+        whichever comes first; appends go on meanwhile, into the other file."""
+        with self._checkpoint_lock:
+            with self._append_lock:
+                if not self._dirty:
+                    return
+                # After a failed checkpoint the retired file is still not in LMDB: it must not be
+                # written again, so this one copies both files and retires the older only.
+                retired = self._unretired
+                if retired is None and self._journal.active_bytes:
+                    retired = self._journal.switch()
+                with self._mem_lock:
+                    self._copying, self._recent = self._recent, {}
+                infos = [c for c in self._channels.values() if c.channel_id in self._dirty]
+                dirty, self._dirty = self._dirty, set()
+                copying = self._copying
+            with self._wake:
+                self._wake.notify_all()  # appends waiting for journal room
+            try:
+                self._commit(infos, copying, retired)
+            except BaseException:
+                with self._append_lock, self._mem_lock:
+                    for channel_id, older in copying.items():
+                        self._recent[channel_id] = older | self._recent.get(channel_id, {})
+                    self._copying = {}
+                    self._dirty |= dirty
+                    self._unretired = retired
+                raise
+            with self._mem_lock:
+                for info in infos:
+                    if info.channel_id in self._in_lmdb:
+                        self._in_lmdb[info.channel_id] = info.last_seq
+                self._copying = {}
+                self._unretired = None
+
+    def _commit(
+        self, infos: list[ChannelInfo], copying: dict[int, dict[int, tuple[bytes, bytes]]], retired: int | None
+    ) -> None:
+        dbs = self._msgs.dbs
+
+        def write(txn: lmdb.Transaction) -> None:
+            cursor = txn.cursor(db=dbs["messages"])
+            for info in infos:
+                stored = txn.get(info.name.lower().encode(), db=dbs["channels"])
+                old = None if stored is None else decode_channel(stored)
+                if old is None or old.channel_id != info.channel_id:
+                    continue  # deleted meanwhile
+                new = copying.get(info.channel_id, _EMPTY)
+                start = max(info.first_seq, old.last_seq + 1)
+                items = [new[seq] for seq in range(start, info.last_seq + 1)]
+                _, added = cursor.putmulti(items, overwrite=False)
+                if added != len(items):
+                    raise IntegrityError(
+                        f"{self.path}: {len(items) - added} new message keys already exist: channel metadata "
+                        "and the message log disagree"
+                    )
+                if old.first_seq < info.first_seq and old.msgs:
+                    end = MSG_KEY.pack(info.channel_id, info.first_seq)
+                    if cursor.set_range(MSG_KEY.pack(info.channel_id, old.first_seq)):
+                        while bytes(cursor.key()) < end and cursor.delete():
+                            pass
+                txn.put(info.name.lower().encode(), encode_channel(info), db=dbs["channels"])
+            if retired is not None:
+                txn.put(b"journal_epoch", U64.pack(retired), db=dbs["meta"])
+
+        with self._msgs.write_lock:
+            self._msgs.write(write)
+
+    def _checkpoints(self) -> None:
+        """The checkpoint thread: wait for enough journal, or for the interval, then checkpoint."""
+        while True:
+            with self._wake:
+                deadline = time.monotonic() + self._checkpoint_interval
+                while not self._closing and self._journal.active_bytes < self._checkpoint_bytes:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._wake.wait(left)
+                if self._closing:
+                    return
+            try:
+                self._try_checkpoint()
+            except Exception as exc:  # a bug: keep the journal (appends stop once it is full), say so
+                log.exception("checkpoint failed")
+                self._checkpoint_error = StoreError(f"checkpoint failed: {exc!r}")
+
+    def _try_checkpoint(self) -> None:
+        """Checkpoint; a store error is logged and kept, not raised: the journal still has it all."""
+        try:
+            self.checkpoint()
+            self._checkpoint_error = None
+        except StoreError as exc:
+            if self._checkpoint_error is None:
+                log.error("checkpoint failed (the journal keeps every message; retrying): %s", exc)
+            self._checkpoint_error = exc
+
+    def _wait_for_journal_room(self) -> None:
+        """Hold an append while the journal is far past a checkpoint that has not caught up."""
+        if self._journal.active_bytes < self._max_journal_bytes:
+            return
+        with self._wake:
+            self._wake.notify_all()
+            while self._journal.active_bytes >= self._max_journal_bytes and not self._closing:
+                if self._checkpoint_error is not None:
+                    raise StoreFullError(
+                        f"{self.path}: the journal is full and cannot be checkpointed ({self._checkpoint_error})"
+                    )
+                self._wake.wait(0.1)
 
     # -- subscriptions and clients -----------------------------------------------------------
 
@@ -580,19 +813,34 @@ class LmdbStore(Store):
         return self._state.read(load)
 
     def statistics(self) -> StoreStatistics:
+        """Messages not yet checkpointed count as the journal bytes that hold them."""
         return StoreStatistics(
-            self._msgs.used_bytes(), self._msgs.map_size(), self._state.used_bytes(), self._state.map_size()
+            self._msgs.used_bytes() + self._journal.active_bytes,
+            self._msgs.map_size(),
+            self._state.used_bytes(),
+            self._state.map_size(),
         )
 
     def sync(self) -> None:
         if not self.synced:
-            for env in self._envs:
-                env.sync()
+            with self._append_lock:
+                self._journal.flush()
+            self._state.sync()
 
     def close(self) -> None:
         try:
-            self.sync()  # unsynced commits of a clean stop reach the disk before the lock is let go
+            if self._checkpointer is not None:
+                with self._wake:
+                    self._closing = True
+                    self._wake.notify_all()
+                self._checkpointer.join()
+                self._checkpointer = None
+                self._try_checkpoint()  # a clean stop leaves an empty journal: the next open replays nothing
+            if not self.synced:
+                for env in self._envs:
+                    env.sync()  # unsynced commits of a clean stop reach the disk before the lock is let go
         finally:
+            self._journal.close()
             for env in self._envs:
                 env.close()
             self._envs.clear()

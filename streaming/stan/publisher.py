@@ -1,5 +1,5 @@
 """Publish group commit: every publish accepted from any connection while the store is busy goes into
-the next single `Store.append` (one transaction, fsynced unless `file_sync` is off), then the engine
+the next single `Store.append` (one journal record, fsynced unless `file_sync` is off), then the engine
 hears of the new messages (deliveries go out), then every publisher gets its PubAck, in arrival order
 (spec §3.4 step 8).
 

@@ -21,7 +21,7 @@ import pytest
 
 from storage import LmdbStore
 from storage.codec import message_size
-from tests.storage.writer_child import payload
+from tests.storage.writer_child import UNLIMITED, payload
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,7 +54,7 @@ def test_sigkill_never_loses_a_committed_batch(tmp_path: Path, sync: bool) -> No
         reported = [int(line.split()[1]) for line in out.splitlines() if line.startswith("committed ")]
         total_reported += len(reported)
 
-        with LmdbStore(tmp_path) as store:
+        with LmdbStore(tmp_path, limits=UNLIMITED) as store:
             info = store.channel_info("crash")
             assert info is not None
             if reported:

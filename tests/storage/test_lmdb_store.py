@@ -58,7 +58,7 @@ def test_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
     with env.begin(write=True, db=env.open_db(b"meta")) as txn:
         txn.put(b"schema_version", U32.pack(99))
     env.close()
-    with pytest.raises(SchemaVersionError, match="schema version 99, newer than the 1 this server supports"):
+    with pytest.raises(SchemaVersionError, match="schema version 99, newer than the 2 this server supports"):
         LmdbStore(tmp_path)
 
 
@@ -90,6 +90,7 @@ def test_the_map_grows_when_full(tmp_path: Path) -> None:
     store.ensure_channel("a")
     for _ in range(20):
         store.append([NewMessage("a", b"x" * 4000) for _ in range(50)])
+    store.checkpoint()  # LMDB is written by checkpoints; appends go to the journal
     stats = store.statistics()
     assert stats.messages_map_size_bytes > 64 * 1024
     assert stats.messages_used_bytes <= stats.messages_map_size_bytes
@@ -100,24 +101,23 @@ def test_the_map_grows_when_full(tmp_path: Path) -> None:
 
 
 def test_reaching_the_maximum_map_size_fails_cleanly(tmp_path: Path) -> None:
+    """Appends are journaled, so the maximum shows at the checkpoint that copies them into LMDB: it
+    fails with a clear error, and every acknowledged message stays readable and survives a restart."""
     store = LmdbStore(tmp_path, map_size=256 * 1024, max_map_size=1024 * 1024)
     store.ensure_channel("a")
-    committed = 0
-    failure: StoreFullError | None = None
-    for _ in range(100):
-        try:
-            store.append([NewMessage("a", b"x" * 30_000)])
-        except StoreFullError as exc:
-            failure = exc
-            break
-        committed += 1
-    assert failure is not None
-    assert "maximum size of 1048576 bytes" in str(failure)
-    assert committed > 0
-    assert len(store.read("a", 1, 1000)) == committed
-    store.close()
-    with LmdbStore(tmp_path, map_size=256 * 1024) as again:
-        assert len(again.read("a", 1, 1000)) == committed
+    for _ in range(60):
+        store.append([NewMessage("a", b"x" * 30_000)])
+    with pytest.raises(StoreFullError, match="maximum size of 1048576 bytes"):
+        store.checkpoint()
+    assert len(store.read("a", 1, 1000)) == 60
+    store.append([NewMessage("a", b"after the failure")])  # the journal still takes publishes
+    store.close()  # its checkpoint fails too, and is logged: the journal keeps everything
+    with LmdbStore(tmp_path, map_size=256 * 1024) as again:  # a larger maximum (the default)
+        assert [m.seq for m in again.read("a", 1, 1000)] == list(range(1, 62))
+        again.checkpoint()
+    with LmdbStore(tmp_path) as again:
+        assert again.statistics().messages_map_size_bytes > 1024 * 1024
+        assert len(again.read("a", 1, 1000)) == 61
 
 
 def _store_with_markers(directory: Path) -> None:
@@ -243,8 +243,9 @@ def test_store_write_errors_are_store_errors() -> None:
 
 
 def test_reads_run_beside_appends_that_grow_the_map(tmp_path: Path) -> None:
-    """The server reads (deliveries) on one thread while group commits run on another."""
-    store = LmdbStore(tmp_path, map_size=64 * 1024)
+    """The server reads (deliveries) on one thread while checkpoints copy appends into LMDB and grow its
+    map on another."""
+    store = LmdbStore(tmp_path, map_size=64 * 1024, checkpoint_bytes=64 * 1024)
     store.ensure_channel("a")
     errors: list[BaseException] = []
     done = threading.Event()

@@ -281,7 +281,10 @@ class LmdbStoreMachine(StoreMachine):
     def open(self) -> Store:
         if not hasattr(self, "directory"):
             self.directory = Path(tempfile.mkdtemp(prefix="store-machine-"))
-        return LmdbStore(self.directory, limits=LIMITS, map_size=128 * 1024)
+        # Checkpoints only when a rule asks, so that a crash finds the journal in a known state.
+        return LmdbStore(
+            self.directory, limits=LIMITS, map_size=128 * 1024, checkpoint_bytes=1 << 30, checkpoint_interval=3600
+        )
 
     @initialize()
     def fresh(self) -> None:
@@ -290,6 +293,22 @@ class LmdbStoreMachine(StoreMachine):
     @rule()
     def reopen(self) -> None:
         self.store.close()
+        self.store = self.open()
+
+    @rule()
+    def checkpoint(self) -> None:
+        assert isinstance(self.store, LmdbStore)
+        self.store.checkpoint()
+
+    @rule()
+    def crash(self) -> None:
+        """Recover from the files as a killed process leaves them: whatever the journal holds that no
+        checkpoint copied yet is replayed (a process crash keeps every commit: the page cache has it)."""
+        copy = Path(tempfile.mkdtemp(prefix="store-machine-"))
+        shutil.copytree(self.directory, copy, ignore=shutil.ignore_patterns("LOCK"), dirs_exist_ok=True)
+        self.store.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+        self.directory = copy
         self.store = self.open()
 
     def teardown(self) -> None:

@@ -2,7 +2,8 @@
 
 `crash DIR SEED [nosync]`: appends batches forever, printing `committed <last seq>` after each append
 returns (so every printed sequence was acknowledged); the parent SIGKILLs it at a random moment.
-`nosync` opens the store with sync=False (`file_sync = false`).
+`nosync` opens the store with sync=False (`file_sync = false`). How often the store checkpoints its
+journal into LMDB is drawn from SEED.
 
 `fill DIR`: appends 64 KiB messages until the disk is full, then checks what it can without a
 restart, reopens the store and checks again; prints one JSON object describing what happened.
@@ -15,7 +16,19 @@ import random
 import sys
 from pathlib import Path
 
-from storage import LmdbStore, NewMessage, SaveSubscription, SetLastSent, SetPending, StoreError, SubscriptionRecord
+from storage import (
+    ChannelLimits,
+    LmdbStore,
+    NewMessage,
+    SaveSubscription,
+    SetLastSent,
+    SetPending,
+    StoreError,
+    StoreLimits,
+    SubscriptionRecord,
+)
+
+UNLIMITED = StoreLimits(channel=ChannelLimits())  # so that every message written is still there to check
 
 
 def payload(seq: int) -> bytes:
@@ -25,7 +38,14 @@ def payload(seq: int) -> bytes:
 
 def crash(directory: Path, seed: int, sync: bool = True) -> None:
     rng = random.Random(seed)
-    store = LmdbStore(directory, sync=sync)
+    # Checkpoints from rare to constant, so kills land in journal writes, switches and LMDB commits.
+    store = LmdbStore(
+        directory,
+        limits=UNLIMITED,
+        sync=sync,
+        checkpoint_bytes=rng.choice([16 << 10, 256 << 10, 8 << 20]),
+        checkpoint_interval=rng.choice([0.005, 0.05, 1.0]),
+    )
     store.ensure_channel("crash")
     info = store.channel_info("crash")
     assert info is not None
