@@ -59,23 +59,25 @@ class JournalFile:
         self.allocated = size
 
     def records(self) -> tuple[int, list[bytes]]:
-        """The epoch and bodies of the valid records at the start of the file (epoch 0: none)."""
-        with open(self.path, "rb") as f:
-            content = f.read()
+        """The epoch and bodies of the valid records at the start of the file (epoch 0: none).
+
+        Read record by record: a reused file is mostly stale, and it can be large."""
         bodies: list[bytes] = []
         epoch = 0
-        offset = 0
-        while offset + _HEADER.size <= len(content):
-            length, crc, record_epoch = _HEADER.unpack_from(content, offset)
-            start, stop = offset + _HEADER.size, offset + _HEADER.size + length
-            if length == 0 or stop > len(content) or (epoch and record_epoch != epoch):
-                break
-            body = content[start:stop]
-            if zlib.crc32(body, zlib.crc32(_LEN_EPOCH.pack(length, record_epoch))) != crc:
-                break
-            epoch = record_epoch
-            bodies.append(body)
-            offset = stop
+        with open(self.path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            while True:
+                header = f.read(_HEADER.size)
+                if len(header) < _HEADER.size:
+                    break
+                length, crc, record_epoch = _HEADER.unpack(header)
+                if length == 0 or length > size - f.tell() or (epoch and record_epoch != epoch):
+                    break
+                body = f.read(length)
+                if len(body) < length or zlib.crc32(body, zlib.crc32(_LEN_EPOCH.pack(length, record_epoch))) != crc:
+                    break
+                epoch = record_epoch
+                bodies.append(body)
         return epoch, bodies
 
     def close(self) -> None:
