@@ -618,6 +618,9 @@ class LmdbStore(Store):
                 if info.msgs:
                     due = message_timestamp(self._values(info, info.first_seq, info.first_seq)[0]) + max_age_ns
                     next_expiry = due if next_expiry is None else min(next_expiry, due)
+        if dropped:
+            # A journal replay re-applies count and size limits, not an age sweep: make it stick now.
+            self.checkpoint()
         return ExpireResult(dropped, next_expiry)
 
     # -- checkpoints -----------------------------------------------------------------------------
