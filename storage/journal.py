@@ -149,7 +149,11 @@ class Journal:
 
     def flush(self) -> None:
         """fdatasync the active file (the periodic flush of a journal that does not sync each append)."""
-        os.fdatasync(self.files[self.active].fd)
+        f = self.files[self.active]
+        try:
+            os.fdatasync(f.fd)
+        except OSError as exc:
+            raise write_failed(f.path, exc) from exc
 
     def close(self) -> None:
         for f in self.files:

@@ -285,8 +285,7 @@ class LmdbStore(Store):
             self._in_lmdb = {c.channel_id: c.last_seq for c in self._channels.values()}
             checkpointed = self._msgs.read(partial(_get_meta, db=self._msgs.dbs["meta"], key=b"journal_epoch"))
             replay = self._journal.recover(U64.unpack(checkpointed)[0] if checkpointed else 0)
-            for body in replay:
-                self._replay(body)
+            self._replay(replay)
             if replay:
                 self._unretired = self._journal.epoch - 1  # every epoch seen: all of it is in memory now
                 self._try_checkpoint()
@@ -481,31 +480,32 @@ class LmdbStore(Store):
         self._dirty.add(info.channel_id)
         return gone
 
-    def _replay(self, body: bytes) -> None:
-        """Apply one journal record found at open: what LMDB already holds is skipped."""
-        by_id = {c.channel_id: c for c in self._channels.values()}
-        offset = 0
-        while offset < len(body):
-            channel_id, first, ts, count = _RUN.unpack_from(body, offset)
-            offset += _RUN.size
-            items = []
-            for seq in range(first, first + count):
-                (size,) = U32.unpack_from(body, offset)
-                offset += U32.size
-                items.append((MSG_KEY.pack(channel_id, seq), body[offset : offset + size]))
-                offset += size
-            info = by_id.get(channel_id)
-            if info is None:  # deleted after this record was written
-                continue
-            new = items[max(0, info.last_seq + 1 - first) :]
-            if new and MSG_KEY.unpack(new[0][0])[1] != info.last_seq + 1:
-                raise IntegrityError(
-                    f"{self.path}: the journal continues channel {info.name!r} at "
-                    f"{MSG_KEY.unpack(new[0][0])[1]}, but the store ends at {info.last_seq}"
-                )
-            if new:
-                self._add(info, ts, new, ts)
-                by_id[channel_id] = self._known(info.name)
+    def _replay(self, bodies: list[bytes]) -> None:
+        """Apply the journal records found at open, oldest first: what LMDB already holds is skipped."""
+        names = {c.channel_id: c.name for c in self._channels.values()}
+        for body in bodies:
+            offset = 0
+            while offset < len(body):
+                channel_id, first, ts, count = _RUN.unpack_from(body, offset)
+                offset += _RUN.size
+                items = []
+                for seq in range(first, first + count):
+                    (size,) = U32.unpack_from(body, offset)
+                    offset += U32.size
+                    items.append((MSG_KEY.pack(channel_id, seq), body[offset : offset + size]))
+                    offset += size
+                name = names.get(channel_id)
+                if name is None:  # deleted after this record was written
+                    continue
+                info = self._known(name)
+                new = items[max(0, info.last_seq + 1 - first) :]
+                if new and first + len(items) - len(new) != info.last_seq + 1:
+                    raise IntegrityError(
+                        f"{self.path}: the journal continues channel {name!r} at "
+                        f"{first + len(items) - len(new)}, but the store ends at {info.last_seq}"
+                    )
+                if new:
+                    self._add(info, ts, new, ts)
 
     def _evict(self, info: ChannelInfo, now: int) -> tuple[ChannelInfo, range]:
         """Apply the limits to the in-memory channel; the next checkpoint deletes the rows."""

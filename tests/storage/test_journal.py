@@ -4,13 +4,14 @@ under a new epoch, and after a checkpoint that failed; and the LMDB store around
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from pathlib import Path
 
 import lmdb
 import pytest
 
-from storage import SCHEMA_VERSION, ChannelLimits, LmdbStore, NewMessage, StoreLimits
+from storage import SCHEMA_VERSION, ChannelLimits, LmdbStore, NewMessage, StoreLimits, StoreWriteError
 from storage.codec import U32
 from storage.journal import NAMES, Journal
 
@@ -142,3 +143,17 @@ def test_a_version_1_store_is_marked_version_2_before_its_journal_holds_anything
     with LmdbStore(tmp_path) as store:
         store.append([NewMessage("a", b"x")])
     assert _schema_version(tmp_path) == SCHEMA_VERSION == 2
+
+
+def test_a_failed_flush_is_a_store_error(tmp_path: Path) -> None:
+    """The server's periodic flush (`file_sync = false`) logs store errors and carries on: an OSError
+    from fdatasync must reach it as one, not end the task."""
+    journal = _journal(tmp_path, sync=False)
+    journal.recover(0)
+    journal.append(b"record")
+    active = journal.files[journal.active]
+    os.close(active.fd)  # EBADF, as a stand-in for EIO
+    with pytest.raises(StoreWriteError, match="the write failed"):
+        journal.flush()
+    active.fd = -1  # already closed
+    journal.close()
