@@ -151,6 +151,7 @@ class StanServer:
             self.broker.publish_many,
             store_in_thread=self._in_thread,
             observer=self._observer,
+            hold=self.broker.holding_writes,
         )
         for record in state.clients:
             self._clients[record.client_id] = _Client(record)
@@ -266,6 +267,7 @@ class StanServer:
         if self._dirty:
             self._dirty = False
             self.runtime.sync()
+        self.publisher.after_span()
 
     async def _call(self, fn: Callable[[], T]) -> T:
         return await call_store(fn, in_thread=self._in_thread)
@@ -456,7 +458,10 @@ class StanServer:
             self._respond(reply, pb.PubAck(guid=message.guid, error=error))
             return None
         publisher = self.publisher
-        publisher.submit(Publish(message.subject, message.data, message.reply, message.guid, reply))
+        # From a reader, its `after_span` hook commits or wakes the publisher task.
+        publisher.submit(
+            Publish(message.subject, message.data, message.reply, message.guid, reply), wake=not self.broker.reading
+        )
         return None if publisher.has_room() else publisher.wait_room()
 
     def _on_ack(self, subject: str, reply: str, payload: bytes) -> None:

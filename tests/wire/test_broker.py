@@ -164,3 +164,40 @@ async def test_a_long_read_is_handled_in_slices() -> None:
         assert len(in_between) >= count // 256  # a read's events are sliced, not handled in one step
         assert len([n for n in hooks if 0 < n < count]) >= count // 256
         await client.aclose()
+
+
+async def test_held_writes_keep_their_order_with_the_writer_and_a_full_socket() -> None:
+    """Sends inside `holding_writes` go straight to the socket at its end, the others through the
+    writer task; with a client that reads nothing for a while, the socket fills, direct writes are
+    partial or refused, and the writer is caught mid-send: every message still arrives, in order."""
+    async with running(config()) as server:
+        broker = server.broker
+        client = await RawClient.open(server.port)
+        await client.send(b"SUB data 1\r\nPING\r\n")
+        assert await client.next() == p.PONG
+        rng = random.Random(7)
+        filler = b"x" * 40_000  # 16 MB in all: far more than loopback sockets buffer
+        sent: list[bytes] = []
+        for i in range(400):
+            payload = b"%06d" % i + filler[: rng.randrange(len(filler))]
+            if rng.random() < 0.6:
+                with broker.holding_writes():
+                    broker.publish("data", payload)
+                    sent.append(payload)
+                    if rng.random() < 0.5:
+                        broker.publish("data", b"%06d+" % i)
+                        sent.append(b"%06d+" % i)
+            else:
+                broker.publish("data", payload)
+                sent.append(payload)
+            if rng.random() < 0.2:
+                await trio.lowlevel.checkpoint()  # the writer runs now and then, and may block mid-send
+        got: list[bytes] = []
+        with trio.fail_after(30):
+            while len(got) < len(sent):
+                event = await client.next()
+                assert isinstance(event, p.Msg)
+                got.append(event.payload)
+        assert got == sent
+        assert broker.statistics().slow_consumers == 0
+        await client.aclose()

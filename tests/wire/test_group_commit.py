@@ -1,0 +1,99 @@
+"""Publish commits over real TCP on a real LMDB store: the publishes of a lone publishing connection are
+committed by the reader that parsed them (no hop to the publisher task), publishes from many
+connections still share commits, and a commit that fails on either path costs only its publishers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import pytest
+import trio
+
+from storage import AppendResult, NewMessage, StoreWriteError
+from streaming.client import StanError, connect
+from tests.wire.servers import config, running
+
+CID = "test-cluster"
+
+
+async def test_a_lone_publishers_publishes_are_committed_by_its_reader(tmp_path: Path) -> None:
+    async with (
+        running(config(tmp_path)) as server,
+        connect(CID, "pub", port=server.port) as pub,
+        connect(CID, "sub", port=server.port) as sc,
+        sc.subscribe("orders", manual_ack=True) as sub,
+    ):
+        for i in range(100):
+            await pub.publish("orders", b"%d" % i)
+            with trio.fail_after(5):
+                msg = await sub.next_msg()
+            assert msg.data == b"%d" % i
+            msg.ack()
+        stats = server.stan.publisher.statistics()
+        assert stats.messages == 100
+        assert stats.inline_commits >= 90, stats
+
+
+async def test_publishes_arriving_together_on_many_connections_share_a_commit(tmp_path: Path) -> None:
+    """A reader commits by itself only when no other task is runnable: when several connections'
+    publishes arrive at once, all but the last reader leave theirs to the publisher task, which
+    commits them together."""
+    rounds, clients = 20, 8
+    async with running(config(tmp_path)) as server, AsyncExitStack() as stack:
+        conns = [await stack.enter_async_context(connect(CID, f"p{c}", port=server.port)) for c in range(clients)]
+        for r in range(rounds):
+            # Queued on every connection before anything is sent: the client writers then send in
+            # one scheduler batch, and the server's readers wake in one too.
+            futures = [sc.publish_nowait("shared", b"p%d %d" % (c, r)) for c, sc in enumerate(conns)]
+            with trio.fail_after(10):
+                for future in futures:
+                    await future.wait()
+        stats = server.stan.publisher.statistics()
+        assert stats.messages == rounds * clients
+        assert stats.commits <= stats.messages // 3, stats  # one reader committing each would be 160
+        stored = server.store.read("shared", 1, rounds * clients)
+        for c in range(clients):
+            assert [m.data for m in stored if m.data.startswith(b"p%d " % c)] == [
+                b"p%d %d" % (c, r) for r in range(rounds)
+            ]
+
+
+@pytest.mark.parametrize("by_reader", [True, False], ids=["by-reader", "by-task"])
+@pytest.mark.parametrize(
+    ("failure", "error"),
+    [(StoreWriteError("the write failed (EIO)"), "stan: store error"), (RuntimeError("bug"), "stan: internal error")],
+    ids=["store-error", "bug"],
+)
+async def test_a_failed_commit_refuses_only_its_publishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: Exception, error: str, by_reader: bool
+) -> None:
+    async with (
+        running(config(tmp_path)) as server,
+        connect(CID, "pub", port=server.port) as pub,
+        connect(CID, "other", port=server.port) as other,
+        connect(CID, "sub", port=server.port) as sc,
+        sc.subscribe("orders", manual_ack=True) as sub,
+    ):
+        await pub.publish("orders", b"before")
+        if not by_reader:
+            await other.publish("elsewhere", b"x")  # two connections publishing: the task commits
+        inline_before = server.stan.publisher.statistics().inline_commits
+        append = server.store.append
+        failures = [failure]
+
+        def failing_once(messages: Sequence[NewMessage], now_unix_ns: int | None = None) -> AppendResult:
+            if failures:
+                raise failures.pop()
+            return append(messages, now_unix_ns)
+
+        monkeypatch.setattr(server.store, "append", failing_once)
+        with pytest.raises(StanError, match=error):
+            await pub.publish("orders", b"refused")
+        assert (server.stan.publisher.statistics().inline_commits > inline_before) is by_reader
+        await pub.publish("orders", b"after")
+        with trio.fail_after(5):
+            got = [(await sub.next_msg()).data for _ in range(2)]
+        assert got == [b"before", b"after"]
+        assert [m.data for m in server.store.read("orders", 1, 10)] == [b"before", b"after"]
