@@ -3,7 +3,11 @@
 It reconnects by itself after a TCP drop (re-sending CONNECT, then every subscription with the same
 sid) and tells its owner through `on_reconnect`, so a STAN session survives. While disconnected,
 publishes are dropped, as stan.go does (its owner re-sends what matters: unacknowledged publishes).
-Writes are coalesced: `publish` queues bytes; one writer task sends whatever accumulated.
+Writes are coalesced: `publish` queues bytes; one writer task sends whatever accumulated. A publish
+marked `at_once` (the STAN client's messages) after a quiet spell (nothing written for
+`_STREAMING_GAP_S`) is written straight to the socket instead: a non-blocking write without the hop
+to the writer task, ~25 us of a lone publish's latency. Acks are not marked: sent at once, each one
+woke the server by itself, and publish-to-delivery p99 went from 0.85 to 0.95 ms in bench/latency.py.
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import secrets
+import time
 from collections.abc import Callable
 
 import attrs
@@ -20,6 +26,7 @@ import trio
 from streaming.nats import protocol as p
 
 log = logging.getLogger(__name__)
+_STREAMING_GAP_S = 100e-6  # publishes closer together than this are left to the writer, to go together
 
 
 class ConnectionClosedError(Exception):
@@ -74,6 +81,8 @@ class NatsConnection:
         self._parser = p.ClientConnection()
         self._out: list[bytes] = []
         self._has_data = trio.Event()
+        self._writing = False  # the writer is inside a send_all: nothing may be written past it
+        self._last_write = 0.0  # time.perf_counter() of the latest write
         self._subs: dict[str, tuple[str, str, Callable[[NatsMsg], None]]] = {}
         self._sids = itertools.count(1)
         self._pongs: list[trio.Event] = []
@@ -88,15 +97,41 @@ class NatsConnection:
 
     # -- public API ------------------------------------------------------------------------------
 
-    def publish(self, subject: str, payload: bytes, reply: str = "") -> bool:
-        """Queue a message; False (dropped) while disconnected. Never blocks."""
+    def publish(self, subject: str, payload: bytes, reply: str = "", *, at_once: bool = False) -> bool:
+        """Queue a message; False (dropped) while disconnected. Never blocks. With `at_once`, a message
+        after a quiet spell is written to the socket here and now (see the module docstring)."""
         if self.closed:
             raise ConnectionClosedError("connection closed")
         if not self.connected:
             return False
         self._out.append(p.encode_pub(subject, reply, payload))
-        self._has_data.set()
+        if (
+            not at_once
+            or len(self._out) > 1
+            or self._writing
+            or time.perf_counter() - self._last_write < _STREAMING_GAP_S
+        ):
+            self._has_data.set()
+        else:
+            self._write_now()
         return True
+
+    def _write_now(self) -> None:
+        """Write the one queued frame straight to the socket (never blocks: Trio's sockets are
+        non-blocking); the writer gets what the socket does not take, or the error to meet."""
+        data = self._out[0]
+        stream = self._stream
+        try:
+            # fileno() is -1 once Trio has closed the socket; a cached number could be reused by then.
+            sent = os.write(stream.socket.fileno(), data) if stream is not None else 0
+        except OSError:  # full (BlockingIOError), or broken
+            sent = 0
+        self._last_write = time.perf_counter()
+        if sent == len(data):
+            self._out.clear()
+        else:
+            self._out[0] = data[sent:]
+            self._has_data.set()
 
     def subscribe(self, subject: str, handler: Callable[[NatsMsg], None], queue: str = "") -> str:
         sid = str(next(self._sids))
@@ -228,6 +263,7 @@ class NatsConnection:
         self._stream = stream
         self._out = [p.encode_sub(subject, sid, queue) for sid, (subject, queue, _) in self._subs.items()]
         self._has_data = trio.Event()
+        self._writing = False  # the old connection's writer may have died inside a send_all
         if self._out:
             self._has_data.set()
         self.connected = True
@@ -303,7 +339,10 @@ class NatsConnection:
                 if self._out:
                     data = b"".join(self._out)
                     self._out.clear()
+                    self._writing = True
                     await stream.send_all(data)
+                    self._writing = False
+                    self._last_write = time.perf_counter()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             lost.cancel()
 

@@ -399,6 +399,7 @@ class StanClient:
             f"{self.config_subjects.pub}.{future.subject}",
             self._pub_prefix + message.SerializeToString(),
             reply=self._ack_subject,
+            at_once=True,
         )
 
     async def publish_async(self, channel: str, data: bytes) -> PubAckFuture:
