@@ -36,6 +36,7 @@ from streaming.nats.subjects import Sublist, valid_literal, valid_subject
 
 log = logging.getLogger(__name__)
 _EVENTS_PER_STEP = 128  # events handled from one read before the reader lets other tasks run
+_READ_SIZE = 65536
 
 Handler = Callable[[str, str, bytes], Awaitable[None] | None]
 _NO_WAITS: list[Awaitable[None]] = []  # shared and never appended to
@@ -185,6 +186,7 @@ class Broker:
         self._cids = itertools.count(1)
         self._batch_hooks: list[Callable[[], None]] = []
         self.reading = False  # a reader is handling a span: the batch hooks run before it yields
+        self.more_input = False  # for the hooks: that reader has more to handle (unparsed, or a full read)
         self.holding = 0  # depth of `holding_writes` blocks
         self.held: list[Connection] = []  # connections with bytes queued inside them
         self.port = 0
@@ -399,20 +401,23 @@ class Broker:
         hooks = self._batch_hooks
         while not conn.closing:
             try:
-                data = await stream.receive_some(65536)
+                data = await stream.receive_some(_READ_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
             if not data:
                 return
             parser.receive_data(data)
+            full = len(data) == _READ_SIZE  # the socket likely holds more
             try:
                 while True:
                     # One synchronous span of the chunk: its replies and what the hooks set off
                     # (deliveries, PubAcks) leave in one write per connection as it ends.
                     with self.holding_writes():
                         self.reading = True
+                        self.more_input = True
                         try:
                             waits, more = self._handle_span(conn, parser)
+                            self.more_input = more or full
                         finally:
                             self.reading = False
                             for hook in hooks:

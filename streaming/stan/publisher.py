@@ -8,12 +8,15 @@ load the batch grows by itself while the previous commit runs (small ones on the
 on the store thread). Accepted publishes beyond `high_water` make the publishing connections wait (TCP
 back-pressure), so memory stays bounded.
 
-When only one connection has been publishing lately, the reader that parsed its publishes commits them
-itself at the end of its chunk (`after_span`), inside the broker's write hold, so the deliveries and
-PubAcks are written before it yields: the hop to the publisher task was ~30 us of a publish's ~550.
-When several connections publish, the task commits: it runs after every reader Trio woke in the same
-batch, so their publishes share one commit (Trio's statistics cannot tell a reader that those readers
-are about to run: they are not on the run queue).
+When only one connection has been publishing lately and its reader has no more input waiting, that
+reader commits its publishes itself at the end of its chunk (`after_span`), inside the broker's write
+hold, so the deliveries and PubAcks are written before it yields: the hop to the publisher task was
+~30 us of a publish's ~550. Otherwise the task commits:
+- several connections publishing: the task runs after every reader Trio woke in the same batch, so
+  their publishes share one commit (Trio's statistics cannot tell a reader that those readers are
+  about to run: they are not on the run queue);
+- a stream on one connection (a full read, or events left to parse): the task's batch grows while
+  the reader reads on, and a large one goes to the store thread, overlapping the parsing.
 """
 
 from __future__ import annotations
@@ -112,15 +115,16 @@ class Publisher:
         if len(self._queue) >= self._high_water and self._room.is_set():
             self._room = trio.Event()
 
-    def after_span(self) -> None:
-        """Commit what is queued here and now when no other connection has published lately, no await
-        is needed and the batch is small; otherwise wake the publisher task. Never blocks but for a
-        small commit's fsync, as the task would."""
+    def after_span(self, *, more_input: bool = False) -> None:
+        """Commit what is queued here and now when the reader has no more input waiting, no other
+        connection has published lately, no await is needed and the batch is small; otherwise wake
+        the publisher task. Never blocks but for a small commit's fsync, as the task would."""
         queue = self._queue
         if not queue or self._paused:
             return
         if (
-            self._busy
+            more_input  # a stream of publishes: the task's batches grow, and large ones overlap parsing
+            or self._busy
             or len(queue) > (self._inline_batch if self._in_thread else self._max_batch)
             or trio.current_time() - self._shared_at < _SHARED_WINDOW_S
             or not self._channels_exist(queue)

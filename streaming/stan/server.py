@@ -267,7 +267,7 @@ class StanServer:
         if self._dirty:
             self._dirty = False
             self.runtime.sync()
-        self.publisher.after_span()
+        self.publisher.after_span(more_input=self.broker.more_input)
 
     async def _call(self, fn: Callable[[], T]) -> T:
         return await call_store(fn, in_thread=self._in_thread)

@@ -60,6 +60,29 @@ async def test_publishes_arriving_together_on_many_connections_share_a_commit(tm
             ]
 
 
+async def test_a_stream_of_publishes_is_committed_by_the_task(tmp_path: Path) -> None:
+    """A reader with more input waiting (a full read) leaves its publishes to the publisher task, whose
+    batches then grow while the reader reads on: large ones go to the store thread and overlap the
+    parsing. Committing each read's dozen 4 KiB publishes by itself cost a third of the throughput.
+    The publisher runs in a thread of its own, so that it streams as a client process would."""
+
+    async def publish_stream(port: int) -> None:
+        async with connect(CID, "pub", port=port) as pub:
+            futures = []
+            for i in range(2000):
+                futures.append(await pub.publish_async("stream", b"%05d" % i + b"x" * 4096))
+            for future in futures:
+                await future.wait()
+
+    async with running(config(tmp_path)) as server:
+        with trio.fail_after(30):
+            await trio.to_thread.run_sync(trio.run, publish_stream, server.port)
+        stats = server.stan.publisher.statistics()
+        assert stats.messages == 2000
+        assert stats.inline_commits <= stats.commits // 4, stats
+        assert stats.largest_batch > 16, stats
+
+
 @pytest.mark.parametrize("by_reader", [True, False], ids=["by-reader", "by-task"])
 @pytest.mark.parametrize(
     ("failure", "error"),
