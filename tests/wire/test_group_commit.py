@@ -52,7 +52,7 @@ async def test_publishes_arriving_together_on_many_connections_share_a_commit(tm
                     await future.wait()
         stats = server.stan.publisher.statistics()
         assert stats.messages == rounds * clients
-        assert stats.commits <= stats.messages // 3, stats  # one reader committing each would be 160
+        assert stats.commits <= 2 * rounds, stats  # one a round here; each reader committing its own: 153
         stored = server.store.read("shared", 1, rounds * clients)
         for c in range(clients):
             assert [m.data for m in stored if m.data.startswith(b"p%d " % c)] == [
@@ -79,7 +79,8 @@ async def test_a_stream_of_publishes_is_committed_by_the_task(tmp_path: Path) ->
             await trio.to_thread.run_sync(trio.run, publish_stream, server.port)
         stats = server.stan.publisher.statistics()
         assert stats.messages == 2000
-        assert stats.inline_commits <= stats.commits // 4, stats
+        # Short reads come now and then (the client's writes vary); a reader commits at most 16 each.
+        assert stats.inline_commits * 16 <= stats.messages // 4, stats
         assert stats.largest_batch > 16, stats
 
 
