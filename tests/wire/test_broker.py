@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import random
+import socket
+import struct
 
 import trio
 
 from streaming.nats import protocol as p
-from tests.wire.servers import RawClient, config, running
+from tests.wire.servers import RawClient, config, eventually, running
 
 
 async def test_info_has_what_clients_need() -> None:
@@ -201,3 +203,27 @@ async def test_held_writes_keep_their_order_with_the_writer_and_a_full_socket() 
         assert got == sent
         assert broker.statistics().slow_consumers == 0
         await client.aclose()
+
+
+async def test_a_held_write_to_a_vanished_client_harms_nobody() -> None:
+    """A direct write to a peer that reset its connection fails inside `write_now`; the writer then
+    meets the error and closes that connection, and everyone else is served as before."""
+    async with running(config()) as server:
+        broker = server.broker
+        gone = await RawClient.open(server.port)
+        await gone.send(b"SUB news 1\r\nPING\r\n")
+        assert await gone.next() == p.PONG
+        other = await RawClient.open(server.port)
+        await other.send(b"SUB news 1\r\nPING\r\n")
+        assert await other.next() == p.PONG
+        # An RST, not a FIN: the server's next write to it fails at once (EPIPE / ECONNRESET).
+        gone.stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        gone.stream.socket.close()  # no checkpoint: the server's reader has not seen it yet
+        for i in range(20):
+            with broker.holding_writes():
+                broker.publish("news", b"%d" % i)
+            await trio.sleep(0.001)
+        got = [await other.next() for _ in range(20)]
+        assert [e.payload for e in got if isinstance(e, p.Msg)] == [b"%d" % i for i in range(20)]
+        await eventually(lambda: broker.statistics().connections == 1)
+        await other.aclose()
