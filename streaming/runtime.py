@@ -14,6 +14,8 @@
 - One flusher task writes what the engine queued: dead letters first (published to their channel
   and delivered like any message), then subscription/pending updates in one `Store.apply` per burst;
   with `flush_linger` a burst is what gathers that long after the first write is queued (group commit).
+  A `before_state_write` hook is awaited before each write: the server's waits (briefly) for the end
+  of a publish commit, so that the write's fsync does not queue ahead of the next publish's.
 - Callers change the engine and then call `sync()` (never blocks): deliveries go to `deliver` in
   order, timers are re-armed, the flusher is woken.
 
@@ -28,7 +30,7 @@ import heapq
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TypeVar
 
@@ -85,9 +87,11 @@ class EngineRuntime:
         scan_limit: int = 500,
         grace: float = 0.05,
         flush_linger: float = 0.0,
+        before_state_write: Callable[[], Awaitable[None]] | None = None,
         observer: ServerObserver | None = None,
     ) -> None:
         self.engine = engine
+        self._before_write = before_state_write
         self._observer = observer
         self.store: Store = engine.store
         self._deliver = deliver
@@ -293,6 +297,8 @@ class EngineRuntime:
                 with trio.move_on_after(_FLUSH_HOLD_S):
                     await self._pass_done.wait()
             self._work = trio.Event()
+            if self._before_write is not None:
+                await self._before_write()
             await self._write_queued()
             if not (self._dead or self._updates):
                 self._idle.set()

@@ -165,6 +165,11 @@ class Publisher:
             await self._progress.wait()
         await trio.lowlevel.checkpoint()
 
+    async def wait_commit(self, within: float) -> None:
+        """Return when the next commit is done (acknowledged or refused), or after `within` seconds."""
+        with trio.move_on_after(within):
+            await self._progress.wait()
+
     def statistics(self) -> PublisherStatistics:
         return PublisherStatistics(
             len(self._queue), self.commits, self._committed, self.largest_batch, self.inline_commits

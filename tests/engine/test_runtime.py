@@ -317,3 +317,33 @@ async def test_idle_channels_are_deleted_after_max_inactivity(autojump_clock: tr
         await trio.sleep(2)
         assert w.store.channel_info("foo") is None, "deleted 30 s after the last subscription left"
         nursery.cancel_scope.cancel()
+
+
+async def test_subscription_writes_wait_for_the_before_write_hook(autojump_clock: trio.testing.MockClock) -> None:
+    """Each write starts only once `before_state_write` returns (the server's waits for the end of a
+    publish commit), and still carries everything queued by then."""
+    w = World()
+    hook_done: list[float] = []
+
+    async def before_write() -> None:
+        await trio.sleep(0.003)
+        hook_done.append(trio.current_time())
+
+    w.runtime = EngineRuntime(w.engine, w._deliver, flush_linger=0.01, before_state_write=before_write)
+    writes: list[tuple[float, int]] = []
+    w.record_writes(lambda n: writes.append((trio.current_time(), n)))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.runtime.run)
+        sub = w.subscribe(ack_wait_s=30, max_inflight=1_000)
+        w.publish(10)
+        await w.runtime.flush()
+        for seq in range(1, 11):
+            assert w.engine.ack(sub, seq, trio.current_time())
+            w.runtime.sync()
+        await w.runtime.flush()
+        assert writes and len(writes) == len(hook_done)
+        assert [when for when, _ in writes] == hook_done  # each write right after its hook
+        assert writes[-1][1] == 10, "the acks' deletes in one write"
+        (recovered,) = w.store.recover().subscriptions
+        assert dict(recovered.pending) == {}
+        nursery.cancel_scope.cancel()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from storage import AppendResult, NewMessage, StoreWriteError
 from streaming.client import StanError, connect
@@ -82,6 +83,28 @@ async def test_a_stream_of_publishes_is_committed_by_the_task(tmp_path: Path) ->
         # Short reads come now and then (the client's writes vary); a reader commits at most 16 each.
         assert stats.inline_commits * 16 <= stats.messages // 4, stats
         assert stats.largest_batch > 16, stats
+
+
+async def test_wait_commit_returns_at_the_next_commit_or_at_its_bound(tmp_path: Path) -> None:
+    """What the subscription-state flusher waits on before it writes (the end of a publish commit,
+    bounded): it returns at the next commit, or after the bound when nothing is published."""
+    async with running(config(tmp_path)) as server, connect(CID, "pub", port=server.port) as pub:
+        publisher = server.stan.publisher
+        start = trio.current_time()
+        await publisher.wait_commit(0.05)
+        assert trio.current_time() - start >= 0.05
+        seen: list[int] = []
+
+        async def waiter() -> None:
+            await publisher.wait_commit(60)
+            seen.append(publisher.statistics().messages)
+
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(waiter)
+                await trio.testing.wait_all_tasks_blocked()
+                await pub.publish("orders", b"one")
+        assert seen == [1]
 
 
 @pytest.mark.parametrize("by_reader", [True, False], ids=["by-reader", "by-task"])
