@@ -61,6 +61,12 @@ class World:
 
         self.store.apply = recording_apply  # type: ignore[method-assign]
 
+    def write_times(self) -> list[tuple[float, int]]:
+        """(when, updates in the call) of every `Store.apply` from now on."""
+        writes: list[tuple[float, int]] = []
+        self.record_writes(lambda n: writes.append((trio.current_time(), n)))
+        return writes
+
     def publish(self, count: int) -> None:
         self.store.ensure_channel("foo")
         result = self.store.append([NewMessage("foo", b"x")] * count)
@@ -212,8 +218,7 @@ async def test_subscription_writes_gather_for_the_flush_linger(autojump_clock: t
     each written once, and `flush()` still returns only when everything is stored."""
     w = World()
     w.runtime = EngineRuntime(w.engine, w._deliver, flush_linger=0.01)
-    writes: list[tuple[float, int]] = []  # (when, updates in the call)
-    w.record_writes(lambda n: writes.append((trio.current_time(), n)))
+    writes = w.write_times()
     async with trio.open_nursery() as nursery:
         await nursery.start(w.runtime.run)
         sub = w.subscribe(ack_wait_s=30, max_inflight=1_000)
@@ -330,8 +335,7 @@ async def test_subscription_writes_wait_for_the_before_write_hook(autojump_clock
         hook_done.append(trio.current_time())
 
     w.runtime = EngineRuntime(w.engine, w._deliver, flush_linger=0.01, before_state_write=before_write)
-    writes: list[tuple[float, int]] = []
-    w.record_writes(lambda n: writes.append((trio.current_time(), n)))
+    writes = w.write_times()
     async with trio.open_nursery() as nursery:
         await nursery.start(w.runtime.run)
         sub = w.subscribe(ack_wait_s=30, max_inflight=1_000)
