@@ -535,10 +535,7 @@ class LmdbStore(Store):
         """The stored values of seq start..stop (inclusive, all within the channel) in order: the
         checkpointed ones from LMDB, the newer ones from memory."""
         channel_id = info.channel_id
-        with self._mem_lock:
-            in_lmdb = self._in_lmdb.get(channel_id, 0)
-            recent = self._recent.get(channel_id, _EMPTY)
-            copying = self._copying.get(channel_id, _EMPTY)
+        in_lmdb, in_memory = self._where(channel_id)
         out: list[bytes | memoryview] = []
         if start <= in_lmdb:
             last = min(stop, in_lmdb)
@@ -559,11 +556,25 @@ class LmdbStore(Store):
             if len(out) != last - start + 1:
                 raise IntegrityError(f"channel {info.name!r}: messages {start}..{last} are not all stored")
         for seq in range(max(start, in_lmdb + 1), stop + 1):
-            item = recent.get(seq) or copying.get(seq)
-            if item is None:
+            value = in_memory(seq)
+            if value is None:
                 raise IntegrityError(f"channel {info.name!r}: message {seq} is missing")
-            out.append(item[1])
+            out.append(value)
         return out
+
+    def _where(self, channel_id: int) -> tuple[int, Callable[[int], bytes | None]]:
+        """How far LMDB holds the channel, and a lookup of the newer messages in memory (a snapshot:
+        a checkpoint moves them from `_recent` to `_copying` to LMDB meanwhile)."""
+        with self._mem_lock:
+            in_lmdb = self._in_lmdb.get(channel_id, 0)
+            recent = self._recent.get(channel_id, _EMPTY)
+            copying = self._copying.get(channel_id, _EMPTY)
+
+        def in_memory(seq: int) -> bytes | None:
+            item = recent.get(seq) or copying.get(seq)
+            return None if item is None else item[1]
+
+        return in_lmdb, in_memory
 
     def read(self, channel: str, start_seq: int, max_count: int) -> list[Message]:
         info = self._known(channel)
@@ -581,10 +592,7 @@ class LmdbStore(Store):
     def get_many(self, channel: str, seqs: Sequence[int]) -> list[Message | None]:
         info = self._known(channel)
         cid, name = info.channel_id, info.name
-        with self._mem_lock:
-            in_lmdb = self._in_lmdb.get(cid, 0)
-            recent = self._recent.get(cid, _EMPTY)
-            copying = self._copying.get(cid, _EMPTY)
+        in_lmdb, in_memory = self._where(cid)
         keys = [MSG_KEY.pack(cid, seq) for seq in seqs]
         older = [key for seq, key in zip(seqs, keys, strict=True) if info.first_seq <= seq <= in_lmdb]
         db = self._msgs.dbs["messages"]
@@ -593,11 +601,7 @@ class LmdbStore(Store):
         for seq, key in zip(seqs, keys, strict=True):
             value: bytes | memoryview | None = None
             if info.first_seq <= seq <= info.last_seq:
-                if seq <= in_lmdb:
-                    value = from_lmdb[key]
-                else:
-                    item = recent.get(seq) or copying.get(seq)
-                    value = None if item is None else item[1]
+                value = from_lmdb[key] if seq <= in_lmdb else in_memory(seq)
             out.append(None if value is None else decode_message(key, value, name))
         return out
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import os
 import secrets
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ import attrs
 import trio
 
 from streaming.nats import protocol as p
+from streaming.nats.sockets import write_now
 
 log = logging.getLogger(__name__)
 _STREAMING_GAP_S = 100e-6  # publishes closer together than this are left to the writer, to go together
@@ -117,15 +117,10 @@ class NatsConnection:
         return True
 
     def _write_now(self) -> None:
-        """Write the one queued frame straight to the socket (never blocks: Trio's sockets are
-        non-blocking); the writer gets what the socket does not take, or the error to meet."""
+        """Write the one queued frame straight to the socket; the writer gets what the socket does not
+        take, or the error to meet."""
         data = self._out[0]
-        stream = self._stream
-        try:
-            # fileno() is -1 once Trio has closed the socket; a cached number could be reused by then.
-            sent = os.write(stream.socket.fileno(), data) if stream is not None else 0
-        except OSError:  # full (BlockingIOError), or broken
-            sent = 0
+        sent = write_now(self._stream, data) if self._stream is not None else 0
         self._last_write = time.perf_counter()
         if sent == len(data):
             self._out.clear()

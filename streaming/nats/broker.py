@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-import os
 import secrets
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -32,6 +31,7 @@ import attrs
 import trio
 
 from streaming.nats import protocol as p
+from streaming.nats.sockets import write_now
 from streaming.nats.subjects import Sublist, valid_literal, valid_subject
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class Connection:
 
     def write_now(self) -> None:
         """Write what is queued straight to the socket if the writer is idle; the writer gets the rest
-        (a full socket buffer, an error to meet). Never blocks: Trio keeps its sockets non-blocking."""
+        (a full socket buffer, an error to meet)."""
         self.held = False
         if not self.out:
             return
@@ -152,11 +152,7 @@ class Connection:
             self.has_data.set()
             return
         data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
-        try:
-            # fileno() is -1 once Trio has closed the socket; a cached number could be reused by then.
-            sent = os.write(self.stream.socket.fileno(), data)
-        except OSError:  # full (BlockingIOError), or broken: the writer's send_all meets it properly
-            sent = 0
+        sent = write_now(self.stream, data)
         if sent == len(data):
             self.out.clear()
             self.pending_bytes = 0

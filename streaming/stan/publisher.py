@@ -140,7 +140,7 @@ class Publisher:
 
     def _channels_exist(self, batch: list[Publish]) -> bool:
         try:
-            return all(self._store.channel_info(p.channel) is not None for p in batch)
+            return all(self._store.channel_info(name) is not None for name in {p.channel for p in batch})
         except (ChannelError, StoreError):  # the task's commit refuses these with the right error
             return False
 
