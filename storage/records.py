@@ -136,11 +136,17 @@ class SetLastSent:
 
 @attrs.define(slots=True)
 class SetPending:
-    """Record `seq` as delivered and unacknowledged on `sub_id`, with its attempt count so far."""
+    """Record `seq` as delivered and unacknowledged on `sub_id`, with its attempt count so far.
+
+    `fresh`: the subscription had no pending entry for `seq` when this was queued (a first delivery),
+    so the store cannot hold one either once what was queued before it is applied; `net_effect` may
+    then drop it together with a ClearPending later in the same batch.
+    """
 
     sub_id: int
     seq: int
     attempt: int
+    fresh: bool = False
 
 
 @attrs.define(slots=True)
@@ -158,11 +164,14 @@ def net_effect(updates: Sequence[SubUpdate]) -> list[SubUpdate]:
     """The updates of a batch that still matter once it is applied in order.
 
     A pending entry or a last-sent value written again later in the batch loses its earlier write:
-    the later put or delete replaces it whatever happens in between. Under load most messages are
-    delivered (or redelivered) and acked within one flush, so this halves what the store writes.
+    the later put or delete replaces it whatever happens in between. A pending entry whose first write
+    in the batch is a fresh SetPending (the store has no entry for it) and whose last is a ClearPending
+    is not written at all: before and after the batch there is none. Under load most messages are
+    delivered and acked within a flush or two, so this removes most of what the store would write.
     Applying the result leaves the store exactly as applying `updates` would.
     """
     latest: dict[tuple[int, int], int] = {}  # (sub id, seq or -1 for last-sent) -> index of its last write
+    fresh: list[tuple[int, int]] = []  # pending entries first written in the batch by a fresh SetPending
     keep = [True] * len(updates)
     for i, update in enumerate(updates):
         kind = type(update)
@@ -175,7 +184,13 @@ def net_effect(updates: Sequence[SubUpdate]) -> list[SubUpdate]:
         earlier = latest.get(key)
         if earlier is not None:
             keep[earlier] = False
+        elif kind is SetPending and update.fresh:  # type: ignore[union-attr]
+            fresh.append(key)
         latest[key] = i
+    for key in fresh:
+        last = latest[key]
+        if type(updates[last]) is ClearPending:
+            keep[last] = False
     return [update for update, kept in zip(updates, keep, strict=True) if kept]
 
 

@@ -755,7 +755,8 @@ class Engine:
             sub.pending.sent_first(message.seq, delay, now + delay)
         else:
             sub.pending.sent(message.seq, attempt, delay, now + delay)
-        self._updates.append(SetPending(sub.record.sub_id, message.seq, attempt))
+        # A first delivery is of a message that was not pending here (sent_first): fresh.
+        self._updates.append(SetPending(sub.record.sub_id, message.seq, attempt, attempt == 1))
         self._deliveries.append(Delivery(sub.record.sub_id, sub.record.inbox, message, attempt, reason))
         self._timers.add(sub.record.sub_id)
         if self._observers:

@@ -1,7 +1,8 @@
 """Drives the engine synchronously with a virtual clock, as the Trio runtime would, for engine tests.
 
 Timers are simulated exactly: `advance(dt)` fires every subscription's deadline in deadline order at
-the deadline itself. Store updates and dead letters are written as the runtime writes them.
+the deadline itself. Store updates (their net effect) and dead letters are written as the runtime
+writes them.
 """
 
 from __future__ import annotations
@@ -10,10 +11,40 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from storage import ClientRecord, MemoryStore, Message, NewMessage, StartPosition, Store, StoreLimits, SubOptions
+from storage import (
+    ClearPending,
+    ClientRecord,
+    DeleteSubscription,
+    MemoryStore,
+    Message,
+    NewMessage,
+    SetPending,
+    StartPosition,
+    Store,
+    StoreLimits,
+    SubOptions,
+    SubUpdate,
+    net_effect,
+)
 from streaming.engine import Delivery, Engine, Event, Reason, SubscribeRequest, dead_letter_payload
 
 S = 1_000_000_000
+
+
+def check_fresh(store: Store, updates: Sequence[SubUpdate]) -> None:
+    """The engine's promise behind `SetPending.fresh`, which lets `net_effect` drop a first delivery
+    acked in the same batch: the entry is not pending at that point (in the store, after the updates
+    before it)."""
+    pending = {(s.record.sub_id, seq) for s in store.recover().subscriptions for seq in s.pending}
+    for update in updates:
+        if isinstance(update, SetPending):
+            key = (update.sub_id, update.seq)
+            assert not (update.fresh and key in pending), f"{update}, but that entry is pending"
+            pending.add(key)
+        elif isinstance(update, ClearPending):
+            pending.discard((update.sub_id, update.seq))
+        elif isinstance(update, DeleteSubscription):
+            pending = {key for key in pending if key[0] != update.sub_id}
 
 
 class Recorder:
@@ -140,7 +171,8 @@ class Harness:
             self.collect()
         updates = self.engine.take_updates()
         if updates:
-            self.store.apply(updates)
+            check_fresh(self.store, updates)
+            self.store.apply(net_effect(updates))
         self.engine.take_timer_changes()
 
     def take(self, sub_id: int) -> list[tuple[int, int, Reason]]:
