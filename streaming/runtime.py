@@ -19,8 +19,9 @@
 - Callers change the engine and then call `sync()` (never blocks): deliveries go to `deliver` in
   order, timers are re-armed, the flusher is woken.
 
-With `store_in_thread=True` store writes run on a worker thread (LMDB, in production). Tests under
-MockClock keep it False: virtual time jumps while a thread runs.
+With `store_in_thread=True` store writes run on a worker thread (LMDB, in production), but for large
+subscription-state writes (`_INLINE_STATE_WRITE`). Tests under MockClock keep it False: virtual time
+jumps while a thread runs.
 """
 
 from __future__ import annotations
