@@ -12,9 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from storage import (
-    ClearPending,
     ClientRecord,
-    DeleteSubscription,
     MemoryStore,
     Message,
     NewMessage,
@@ -27,6 +25,7 @@ from storage import (
     net_effect,
 )
 from streaming.engine import Delivery, Engine, Event, Reason, SubscribeRequest, dead_letter_payload
+from tests.storage.pending_model import PendingEntries
 
 S = 1_000_000_000
 
@@ -35,16 +34,11 @@ def check_fresh(store: Store, updates: Sequence[SubUpdate]) -> None:
     """The engine's promise behind `SetPending.fresh`, which lets `net_effect` drop a first delivery
     acked in the same batch: the entry is not pending at that point (in the store, after the updates
     before it)."""
-    pending = {(s.record.sub_id, seq) for s in store.recover().subscriptions for seq in s.pending}
+    pending = PendingEntries({(s.record.sub_id, seq) for s in store.recover().subscriptions for seq in s.pending})
     for update in updates:
-        if isinstance(update, SetPending):
-            key = (update.sub_id, update.seq)
-            assert not (update.fresh and key in pending), f"{update}, but that entry is pending"
-            pending.add(key)
-        elif isinstance(update, ClearPending):
-            pending.discard((update.sub_id, update.seq))
-        elif isinstance(update, DeleteSubscription):
-            pending = {key for key in pending if key[0] != update.sub_id}
+        if isinstance(update, SetPending) and update.fresh:
+            assert (update.sub_id, update.seq) not in pending, f"{update}, but that entry is pending"
+        pending.apply(update)
 
 
 class Recorder:

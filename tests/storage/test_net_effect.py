@@ -23,6 +23,7 @@ from storage import (
     SubUpdate,
     net_effect,
 )
+from tests.storage.pending_model import PendingEntries
 
 SUBS = st.integers(1, 2)
 SEQS = st.integers(1, 4)
@@ -59,17 +60,12 @@ def _after(store: Store, setup: list[SubUpdate], batch: list[SubUpdate]) -> Stat
 def _fresh_only_where_new(setup: list[SubUpdate], batch: list[SubUpdate]) -> list[SubUpdate]:
     """The batch with `fresh` kept only on a SetPending whose entry is not pending at that point,
     after `setup` and the batch before it: what the engine promises when it sets the flag."""
-    pending: set[tuple[int, int]] = set()
+    pending = PendingEntries()
     out: list[SubUpdate] = []
     for i, update in enumerate([*setup, *batch]):
-        if isinstance(update, SetPending):
-            if update.fresh and (update.sub_id, update.seq) in pending:
-                update = SetPending(update.sub_id, update.seq, update.attempt, False)
-            pending.add((update.sub_id, update.seq))
-        elif isinstance(update, ClearPending):
-            pending.discard((update.sub_id, update.seq))
-        elif isinstance(update, DeleteSubscription):
-            pending = {key for key in pending if key[0] != update.sub_id}
+        if isinstance(update, SetPending) and update.fresh and (update.sub_id, update.seq) in pending:
+            update = SetPending(update.sub_id, update.seq, update.attempt, False)
+        pending.apply(update)
         if i >= len(setup):
             out.append(update)
     return out
