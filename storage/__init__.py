@@ -12,6 +12,7 @@ from storage.errors import (
     ChannelError,
     ChannelNameConflictError,
     ClusterIdMismatchError,
+    DamagedStoreError,
     IntegrityError,
     SchemaVersionError,
     StoreError,
@@ -22,7 +23,7 @@ from storage.errors import (
     UnknownChannelError,
 )
 from storage.limits import ChannelLimits, StoreLimits
-from storage.lmdb_store import LmdbStore
+from storage.lmdb_store import VERIFY_MODES, LmdbStore
 from storage.memory_store import MemoryStore
 from storage.records import (
     AppendResult,
@@ -54,20 +55,22 @@ def open_store(
     limits: StoreLimits | None = None,
     *,
     sync: bool = True,
+    verify: str = "full",
 ) -> Store:
     """Open the store the configuration names: "lmdb" (needs a directory; `sync=False`: no fsync per
-    commit, see lmdb_store) or "memory"."""
+    commit; `verify`: what is checked at open, see lmdb_store) or "memory"."""
     if kind == "memory":
         return MemoryStore(cluster_id, limits)
     if kind == "lmdb":
         if directory is None:
             raise ValueError("the lmdb store needs a data directory")
-        return LmdbStore(directory, cluster_id, limits, sync=sync)
+        return LmdbStore(directory, cluster_id, limits, sync=sync, verify=verify)
     raise ValueError(f"unknown store kind {kind!r} (expected 'lmdb' or 'memory')")
 
 
 __all__ = [
     "SCHEMA_VERSION",
+    "VERIFY_MODES",
     "AppendResult",
     "ChannelError",
     "ChannelInfo",
@@ -76,6 +79,7 @@ __all__ = [
     "ClearPending",
     "ClientRecord",
     "ClusterIdMismatchError",
+    "DamagedStoreError",
     "DeleteSubscription",
     "ExpireResult",
     "IntegrityError",

@@ -38,7 +38,9 @@ from storage.records import (
     SubUpdate,
 )
 
-SCHEMA_VERSION = 2  # 2: the LMDB store's publish journal (a version-1 server would not replay it)
+# 2: the LMDB store's publish journal (a version-1 server would not replay it); 3: journal records
+# keyed by the store (a version-2 server would not read them).
+SCHEMA_VERSION = 3
 
 
 @attrs.frozen(slots=True)
@@ -49,6 +51,7 @@ class StoreStatistics:
     messages_map_size_bytes: int
     state_used_bytes: int
     state_map_size_bytes: int
+    damaged_messages: int = 0  # found failing their checksum when read (each skipped, logged once)
 
 
 class Store(abc.ABC):
@@ -136,21 +139,22 @@ class Store(abc.ABC):
     def first_seq_at_or_after(self, channel: str, timestamp_unix_ns: int) -> int:
         """First stored sequence whose timestamp is >= the given one; last_seq + 1 if none.
 
-        Timestamps never decrease within a channel and stored sequences are contiguous, so this
-        is a binary search with no index.
-        """
+        Timestamps never decrease within a channel, so this is a binary search with no index, over
+        "the first message stored at or after seq" (a repaired channel can have gaps; messages evicted
+        while it searches are gaps too)."""
         info = self._known(channel)
         lo, hi = info.first_seq, info.last_seq + 1
         while lo < hi:
             mid = (lo + hi) // 2
-            msg = self.get(channel, mid)
-            if (
-                msg is None or msg.timestamp_unix_ns < timestamp_unix_ns
-            ):  # evicted while we searched: everything below is gone too
-                lo = mid + 1
+            found = self.read(channel, mid, 1)
+            if not found:
+                hi = mid
+            elif found[0].timestamp_unix_ns < timestamp_unix_ns:
+                lo = found[0].seq + 1
             else:
                 hi = mid
-        return lo
+        found = self.read(channel, lo, 1)
+        return found[0].seq if found else info.last_seq + 1
 
     @abc.abstractmethod
     def expire(self, now_unix_ns: int | None = None) -> ExpireResult:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 import cattrs.preconf.json
@@ -36,6 +36,9 @@ _CRC_END = _TS.size + _CRC.size  # the checksum covers the key, the timestamp an
 _SEQ_OF_KEY = struct.Struct(">Q")  # the sequence half of MSG_KEY, at offset 4
 MAX_REPLY_BYTES = 0xFFFF
 _CHANNEL = struct.Struct(">IQQQQq")  # id, first, last, msgs, bytes, last timestamp
+# A journal record's body is runs of one channel's messages: this header, then per message its value's
+# length (U32) and the value. The values are the LMDB values, checksums and all.
+JOURNAL_RUN = struct.Struct(">IQqI")  # channel id, first seq, timestamp, count
 
 Raw = bytes | memoryview  # what LMDB hands back
 _converter = cattrs.preconf.json.make_converter()
@@ -102,6 +105,20 @@ def decode_message(key: Raw, value: Raw, channel: str) -> Message:
     )
 
 
+def value_intact(key: Raw, value: Raw) -> bool:
+    """Whether a stored message value passes its checksum (the full check, without decoding)."""
+    if len(value) < MSG_HEADER_SIZE:
+        return False
+    crc32 = zlib.crc32
+    stored: int = _CRC.unpack_from(value, _TS.size)[0]
+    return crc32(value[_CRC_END:], crc32(value[: _TS.size], crc32(key))) == stored
+
+
+def key_seq(key: Raw) -> int:
+    """The sequence half of a message key."""
+    return int(_SEQ_OF_KEY.unpack_from(key, 4)[0])
+
+
 def _corrupt(key: Raw, channel: str, why: str) -> IntegrityError:
     seq = MSG_KEY.unpack(key)[1] if len(key) == MSG_KEY.size else -1
     return IntegrityError(f"channel {channel!r} message {seq}: stored value is corrupt ({why})")
@@ -129,6 +146,32 @@ def decode_channel(value: Raw) -> ChannelInfo:
         bytes=size,
         last_timestamp_unix_ns=last_ts,
     )
+
+
+def spans(seqs: Iterable[int]) -> list[tuple[int, int]]:
+    """Sequences as (first, last) runs."""
+    out: list[tuple[int, int]] = []
+    for seq in sorted(seqs):
+        if out and seq == out[-1][1] + 1:
+            out[-1] = (out[-1][0], seq)
+        elif not out or seq > out[-1][1]:
+            out.append((seq, seq))
+    return out
+
+
+def lost_key(channel_id: int) -> bytes:
+    """Where a repair records (in the message file's meta) the sequences of a channel it could not save."""
+    return b"lost/" + U32.pack(channel_id)
+
+
+def encode_lost(seqs: Iterable[int]) -> bytes:
+    return json.dumps([list(span) for span in spans(seqs)]).encode()
+
+
+def decode_lost(raw: Raw | None) -> set[int]:
+    if raw is None:
+        return set()
+    return {seq for first, last in json.loads(bytes(raw)) for seq in range(first, last + 1)}
 
 
 def encode_record(record: Any) -> bytes:

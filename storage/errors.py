@@ -33,6 +33,11 @@ class IntegrityError(StoreError):
     """A stored value failed its integrity check, or the LMDB file itself is damaged."""
 
 
+class DamagedStoreError(IntegrityError):
+    """The data directory is damaged or incomplete, so the store refuses to open it as it is: what it
+    holds may no longer be what was acknowledged. str() names the file and what is wrong."""
+
+
 class StoreWriteError(StoreError):
     """A write to disk failed; the batch is not stored and nothing committed before is affected."""
 

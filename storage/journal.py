@@ -4,33 +4,96 @@ fdatasync, so a PubAck waits for one flush instead of an LMDB commit's two plus 
 The LMDB store writes each batch here first and copies batches into LMDB later, in one synced commit
 per checkpoint (see lmdb_store). Appends go to the active file; a checkpoint switches to the other
 file, copies what the first file holds into LMDB, and records the first file's epoch as checkpointed.
-A file is then written again from offset 0 under a new, higher epoch.
+A file is written again from offset 0, under a new and higher epoch, only once everything it held is
+in LMDB: a file whose records are not all checkpointed is never overwritten, not even after a restart
+on a full disk (the journal then goes on after its last record).
 
 A record is
 
     body length (>I) | crc32 (>I) | epoch (>Q) | body
 
-with the CRC over the length, the epoch and the body. Reading a file stops at the first record that
-is empty (zeros: never written), fails its CRC (torn by a crash: it was never acknowledged), or has a
-different epoch than the file's first record (left from an earlier use of the file). What a record's
-body holds is the store's business.
+with the CRC over the length, the epoch and the body, seeded from the store's journal key and the
+epoch. Message payloads come from clients and end up in journal files, where a reused file keeps old
+bytes past its newest record; without the key no payload can pass for a record, however it is made.
+A record with an empty body is the clean-close marker: the store closed after the records before it.
+
+Reading a file (`scan`) takes the records from offset 0 that share the first record's epoch. It stops
+at the end of the file, at zeros (never written), at a valid record of an older epoch (left from an
+earlier use of the file), at the close marker, or at a record that fails its checksum: a write torn by
+a crash, which was never acknowledged. But a record that fails its checksum and is followed by an
+intact record newer than the last checkpoint is damage, not a tear: the records after it were
+acknowledged, and `scan` raises `DamagedStoreError` rather than drop them. What a record's body holds
+is the store's business.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
-from storage.errors import write_failed
+import attrs
+
+from storage.errors import DamagedStoreError, write_failed
 
 _HEADER = struct.Struct(">IIQ")  # body length, crc, epoch
 _LEN_EPOCH = struct.Struct(">IQ")
+_EPOCH = struct.Struct(">Q")
 _FIRST_SIZE = 1 << 20  # then doubled as needed, 16 MiB at a time at most: each growth costs an fsync
 _MAX_GROWTH = 16 << 20
+_SCAN_CHUNK = 4 << 20
+# Epochs a file can hold beyond the last checkpoint: the active file's, the unretired one's, and one
+# more for a switch whose checkpoint commit did not land.
+_LIVE_EPOCHS = 3
 NAMES = ("journal.0", "journal.1")
+Seed = Callable[[int], int]  # epoch -> CRC seed
+
+
+def unkeyed(epoch: int) -> int:
+    """The seed of a journal without a key (stores of schema version 2, before their upgrade)."""
+    return 0
+
+
+def keyed(key: bytes, unkeyed_before: int = 0) -> Seed:
+    """Seeds from the store's journal key, for epochs from `unkeyed_before` on."""
+    key_crc = zlib.crc32(key)
+
+    def seed(epoch: int) -> int:
+        return zlib.crc32(_EPOCH.pack(epoch), key_crc) if epoch >= unkeyed_before else 0
+
+    return seed
+
+
+def _crc(body: bytes | memoryview, epoch: int, seed: int) -> int:
+    return zlib.crc32(body, zlib.crc32(_LEN_EPOCH.pack(len(body), epoch), seed))
+
+
+def record_at(fd: int, offset: int, size: int, seed: Seed) -> tuple[int, bytes] | None:
+    """(epoch, body) of a valid record at `offset` of a file `size` bytes long, else None."""
+    header = os.pread(fd, _HEADER.size, offset)
+    if len(header) < _HEADER.size:
+        return None
+    length, crc, epoch = _HEADER.unpack(header)
+    if epoch == 0 or length > size - offset - _HEADER.size:
+        return None
+    body = os.pread(fd, length, offset + _HEADER.size) if length else b""
+    if len(body) != length or _crc(body, epoch, seed(epoch)) != crc:
+        return None
+    return int(epoch), body
+
+
+@attrs.frozen
+class FileScan:
+    """What one journal file holds: the records of its newest use (epoch 0: none)."""
+
+    epoch: int
+    bodies: list[bytes]
+    end: int  # where the next record would go: after the last record (on the close marker, if any)
+    closed: bool  # the records end with the clean-close marker
 
 
 class JournalFile:
@@ -53,32 +116,63 @@ class JournalFile:
         size = max(size, self.allocated + min(max(self.allocated, _FIRST_SIZE), _MAX_GROWTH))
         try:
             os.posix_fallocate(self.fd, 0, size)
-        except OSError:  # a filesystem without fallocate: extend by hand
-            os.ftruncate(self.fd, size)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise  # ENOSPC above all: a sparse file would only fail later, in the middle of a write
+            os.ftruncate(self.fd, size)  # a filesystem without fallocate: extend by hand
         os.fsync(self.fd)
         self.allocated = size
 
-    def records(self) -> tuple[int, list[bytes]]:
-        """The epoch and bodies of the valid records at the start of the file (epoch 0: none).
-
-        Read record by record: a reused file is mostly stale, and it can be large."""
+    def scan(self, checkpointed: int, seed: Seed) -> FileScan:
+        """The valid records at the start of the file (see the module docstring); raises
+        DamagedStoreError when intact records newer than `checkpointed` lie past a damaged one."""
         bodies: list[bytes] = []
-        epoch = 0
-        with open(self.path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            while True:
-                header = f.read(_HEADER.size)
-                if len(header) < _HEADER.size:
-                    break
-                length, crc, record_epoch = _HEADER.unpack(header)
-                if length == 0 or length > size - f.tell() or (epoch and record_epoch != epoch):
-                    break
-                body = f.read(length)
-                if len(body) < length or zlib.crc32(body, zlib.crc32(_LEN_EPOCH.pack(length, record_epoch))) != crc:
-                    break
-                epoch = record_epoch
-                bodies.append(body)
-        return epoch, bodies
+        epoch = offset = 0
+        closed = at_end = False
+        size = os.fstat(self.fd).st_size
+        while True:
+            header = os.pread(self.fd, _HEADER.size, offset)
+            if len(header) < _HEADER.size:
+                at_end = True
+                break
+            length, crc, record_epoch = _HEADER.unpack(header)
+            if record_epoch == 0 or (epoch and record_epoch != epoch) or length > size - offset - _HEADER.size:
+                break
+            body = os.pread(self.fd, length, offset + _HEADER.size) if length else b""
+            if len(body) < length or _crc(body, record_epoch, seed(record_epoch)) != crc:
+                break
+            epoch = record_epoch
+            if not length:
+                closed = True
+                break
+            bodies.append(body)
+            offset += _HEADER.size + length
+        # A file whose first record is older than the checkpoint has not been written since: a reuse
+        # starts at offset 0, so whatever lies behind that record is older still.
+        if not (at_end or closed or 0 < epoch <= checkpointed):
+            self._check_rest(offset, size, checkpointed, seed)
+        return FileScan(epoch, bodies, offset, closed)
+
+    def _check_rest(self, stop: int, size: int, checkpointed: int, seed: Seed) -> None:
+        """Raise DamagedStoreError if an intact record newer than the checkpoint lies past `stop`."""
+        patterns = {_EPOCH.pack(e): e for e in range(checkpointed + 1, checkpointed + 1 + _LIVE_EPOCHS) if e > 0}
+        offset = stop + 1
+        while offset < size:
+            chunk = os.pread(self.fd, min(_SCAN_CHUNK + _HEADER.size, size - offset), offset)
+            if not chunk:
+                break
+            for pattern in patterns:
+                at = chunk.find(pattern, 8)
+                while at >= 0:
+                    start = offset + at - 8
+                    if record_at(self.fd, start, size, seed) is not None:
+                        raise DamagedStoreError(
+                            f"{self.path}: the record at offset {stop} is damaged (it fails its checksum) and an "
+                            f"intact record written after it lies at offset {start}: acknowledged messages are "
+                            "in the damaged part"
+                        )
+                    at = chunk.find(pattern, at + 1)
+            offset += _SCAN_CHUNK
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -86,30 +180,52 @@ class JournalFile:
             self.fd = -1
 
 
+@attrs.frozen
+class Recovery:
+    """What `Journal.recover` found: the bodies to replay, oldest first, and the epoch of a file that
+    holds some of them but is not the active one (its checkpoint had failed), if any."""
+
+    bodies: list[bytes]
+    unretired: int | None
+
+
 class Journal:
     """Appends records to the active file; `switch` makes the other one active under a new epoch."""
 
-    def __init__(self, directory: Path, *, sync: bool) -> None:
+    def __init__(self, directory: Path, *, sync: bool, seed: Seed = unkeyed) -> None:
         self.sync_each = sync
+        self.seed = seed
         self.files = [JournalFile(directory / name) for name in NAMES]
         self.active = 0
         if any(f.created for f in self.files):
             _fsync_directory(directory)  # a new file must still be there after a crash
 
-    def recover(self, checkpointed_epoch: int) -> list[bytes]:
-        """Bodies of every record newer than `checkpointed_epoch`, oldest first; then the journal
-        starts afresh on an epoch above every one seen, so the caller must checkpoint them (as epoch
-        `self.epoch - 1`) before appending.
+    def recover(self, checkpointed_epoch: int) -> Recovery:
+        """Every record newer than `checkpointed_epoch`, and set up appending so that none of them is
+        overwritten before a checkpoint has copied it: the newest file goes on after its last record,
+        and the other one, if it holds records too, is left for the next checkpoint to retire.
 
         A file is written again only after its last epoch was checkpointed, so whatever lies past
         the valid records of a file is from an epoch <= the checkpointed one: never replayed."""
-        found = sorted((f.records() for f in self.files), key=lambda pair: pair[0])
-        highest = max(checkpointed_epoch, found[-1][0])
-        for f in self.files:
-            f.epoch, f.end = highest + 1, 0
-        self.files[1].epoch = highest + 2
-        self.active = 0
-        return [body for epoch, bodies in found if epoch > checkpointed_epoch for body in bodies]
+        scans = [f.scan(checkpointed_epoch, self.seed) for f in self.files]
+        live = sorted((s.epoch, i) for i, s in enumerate(scans) if s.epoch > checkpointed_epoch and s.bodies)
+        if not live:
+            highest = max(checkpointed_epoch, *(s.epoch for s in scans))
+            for i, f in enumerate(self.files):
+                f.epoch, f.end = highest + 1 + i, 0
+            self.active = 0
+            return Recovery([], None)
+        if len(live) == 2 and live[0][0] == live[1][0]:
+            raise DamagedStoreError(f"{self.files[0].path.parent}: both journal files hold epoch {live[0][0]}")
+        epoch, newest = live[-1]
+        self.active = newest
+        self.files[newest].epoch, self.files[newest].end = epoch, scans[newest].end
+        unretired = None
+        if len(live) == 2:
+            older_epoch, older = live[0]
+            self.files[older].epoch, self.files[older].end = older_epoch, scans[older].end
+            unretired = older_epoch
+        return Recovery([body for _, i in live for body in scans[i].bodies], unretired)
 
     @property
     def epoch(self) -> int:
@@ -121,14 +237,23 @@ class Journal:
 
     def append(self, body: bytes) -> None:
         """Write one record; with `sync` it is on disk when this returns."""
+        self._write(body)
+
+    def mark_closed(self) -> None:
+        """Write the clean-close marker (after the final checkpoint): the next open need not look past
+        it for damage. Its place is taken by the next record if the store is opened again."""
+        end = self.files[self.active].end
+        self._write(b"")
+        self.files[self.active].end = end
+
+    def _write(self, body: bytes) -> None:
         f = self.files[self.active]
-        header = _HEADER.pack(len(body), zlib.crc32(body, zlib.crc32(_LEN_EPOCH.pack(len(body), f.epoch))), f.epoch)
-        record = header + body
+        record = _HEADER.pack(len(body), _crc(body, f.epoch, self.seed(f.epoch)), f.epoch) + body
         try:
             f.reserve(f.end + len(record))
             written = os.pwrite(f.fd, record, f.end)
             if written != len(record):
-                raise OSError(f"short write ({written} of {len(record)} bytes)")
+                raise OSError(errno.ENOSPC, f"short write ({written} of {len(record)} bytes)")
             if self.sync_each:
                 os.fdatasync(f.fd)
         except OSError as exc:

@@ -46,42 +46,50 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import struct
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import attrs
 import lmdb
 
 from storage.base import SCHEMA_VERSION, Store, StoreStatistics, now_or
 from storage.codec import (
+    JOURNAL_RUN,
     MSG_KEY,
     PENDING_KEY,
     U32,
     U64,
     decode_channel,
+    decode_lost,
     decode_message,
     decode_record,
     encode_channel,
     encode_record,
     encode_reply,
     encode_run,
+    key_seq,
+    lost_key,
     message_timestamp,
+    value_intact,
 )
 from storage.dirlock import DirectoryLock
 from storage.errors import (
     ClusterIdMismatchError,
+    DamagedStoreError,
     IntegrityError,
     SchemaVersionError,
     StoreError,
     StoreFullError,
     write_failed,
 )
-from storage.journal import Journal
+from storage.integrity import Damage, is_empty_or_missing, lmdb_file_problem, structure_problems
+from storage.journal import NAMES as JOURNAL_NAMES
+from storage.journal import Journal, Seed, keyed, unkeyed
 from storage.limits import StoreLimits, plan_eviction
 from storage.records import (
     AppendResult,
@@ -107,10 +115,15 @@ log = logging.getLogger(__name__)
 MiB = 1 << 20
 CHECKPOINT_BYTES = 8 * MiB  # of journal, or
 CHECKPOINT_INTERVAL_S = 1.0  # whichever comes first
-_RUN = struct.Struct(">IQqI")  # a journal record's run of one channel: id, first seq, timestamp, count
 _EMPTY: dict[int, tuple[bytes, bytes]] = {}
 DEFAULT_MAP_SIZE = 256 * MiB
 DEFAULT_MAX_MAP_SIZE = 1 << 40
+# "full": every message's checksum and both environments' structure are checked at open (about 2 s
+# per million small messages here); "quick": the state environment's structure, the message file's
+# meta pages and length, and each channel's first and last message; damage elsewhere is found when a
+# message is read (it is skipped, logged and counted) or by `streaming-server check`.
+VERIFY_MODES = ("full", "quick")
+_DAMAGED_LOG_LIMIT = 10_000  # damaged messages remembered (each is logged once)
 _DAMAGED = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.VersionMismatchError)
 
 
@@ -151,7 +164,7 @@ class _ResizeGate:
                 self._cond.notify_all()
 
 
-class _Env:
+class Environment:
     """One LMDB environment with its named databases, write lock and resize gate."""
 
     def __init__(self, path: Path, names: Sequence[str], map_size: int, max_map_size: int, **flags: Any) -> None:
@@ -163,9 +176,15 @@ class _Env:
         except lmdb.Error as exc:
             # LMDB reports a mangled meta page with a plain Error ("data format ... not supported").
             if isinstance(exc, _DAMAGED) or (path / "data.mdb").exists():
-                raise IntegrityError(f"{path}: the LMDB file is damaged or not an LMDB file ({exc})") from exc
+                raise DamagedStoreError(f"{path / 'data.mdb'} is damaged or not an LMDB file ({exc})") from exc
             raise StoreError(f"{path}: cannot open the LMDB environment ({exc})") from exc
-        self.dbs = {name: self.env.open_db(name.encode()) for name in names}
+        try:
+            self.dbs = {name: self.env.open_db(name.encode()) for name in names}
+        except lmdb.Error as exc:
+            self.env.close()
+            if isinstance(exc, _DAMAGED):
+                raise DamagedStoreError(f"{path / 'data.mdb'} is damaged ({exc})") from exc
+            raise self._write_error(exc) from exc
         self.gate = _ResizeGate()
         self.write_lock = threading.Lock()
 
@@ -236,7 +255,10 @@ class LmdbStore(Store):
         sync: bool = True,
         checkpoint_bytes: int = CHECKPOINT_BYTES,
         checkpoint_interval: float = CHECKPOINT_INTERVAL_S,
+        verify: str = "full",
     ) -> None:
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, not {verify!r}")
         super().__init__(limits or StoreLimits())
         self.synced = sync
         self.path = Path(directory)
@@ -256,51 +278,106 @@ class LmdbStore(Store):
         self._checkpoint_error: StoreError | None = None
         self._closing = False
         self._checkpointer: threading.Thread | None = None
+        self._damaged: dict[tuple[str, int], None] = {}  # messages found damaged when read (bounded)
+        self.damaged_reads = 0  # reads that met a damaged message
         self._lock = DirectoryLock(self.path)
         self._lock.acquire()
-        self._envs: list[_Env] = []
+        self._envs: list[Environment] = []
         try:
-            (self.path / "msgs").mkdir(exist_ok=True)
-            self._journal = Journal(self.path / "msgs", sync=sync)
-        except BaseException:
-            self._lock.release()
-            raise
-        try:
-            # Always synced: LMDB is written only by checkpoints, and a checkpoint must be whole on
-            # disk before the journal file it copied is written again.
-            self._msgs = self._open_env("msgs", ["meta", "channels", "messages"], map_size, max_map_size)
-            self._state = self._open_env(
-                "state",
-                ["meta", "subs", "lastsent", "pending", "clients"],
-                map_size,
-                max_map_size,
-                metasync=False,
-                sync=sync,
-            )
-            self._server = self._check_meta(cluster_id)
-            self._load_channels()
-            self._next_sub_id = self._state.read(self._highest_sub_id) + 1
-            self._next_channel_id = 1 + max((c.channel_id for c in self._channels.values()), default=0)
-            self._next_channel_id = max(self._next_channel_id, self._msgs.read(self._stored_next_channel_id))
-            self._in_lmdb = {c.channel_id: c.last_seq for c in self._channels.values()}
-            checkpointed = self._msgs.read(partial(_get_meta, db=self._msgs.dbs["meta"], key=b"journal_epoch"))
-            replay = self._journal.recover(U64.unpack(checkpointed)[0] if checkpointed else 0)
-            self._replay(replay)
-            if replay:
-                self._unretired = self._journal.epoch - 1  # every epoch seen: all of it is in memory now
-                self._try_checkpoint()
-            self._checkpointer = threading.Thread(target=self._checkpoints, name=f"checkpoint {self.path}", daemon=True)
-            self._checkpointer.start()
+            self._open(cluster_id, map_size, max_map_size, verify)
         except BaseException:
             self.close()
             raise
 
-    def _open_env(self, name: str, dbs: Sequence[str], map_size: int, max_map_size: int, **flags: Any) -> _Env:
-        env = _Env(self.path / name, dbs, map_size, max_map_size, **flags)
+    def _open_env(self, name: str, dbs: Sequence[str], map_size: int, max_map_size: int, **flags: Any) -> Environment:
+        env = Environment(self.path / name, dbs, map_size, max_map_size, **flags)
         self._envs.append(env)
         return env
 
     # -- opening -------------------------------------------------------------------------------
+
+    def _open(self, cluster_id: str, map_size: int, max_map_size: int, verify: str) -> None:
+        """Check the files, open both environments and the journal, replay it, start checkpointing.
+
+        Nothing is handed to LMDB before it is known to be whole (integrity.py): a store that is
+        damaged, or that lacks a file the others show it had, raises DamagedStoreError naming the file."""
+        msgs_dir, state_dir = self.path / "msgs", self.path / "state"
+        msgs_data, state_data = msgs_dir / "data.mdb", state_dir / "data.mdb"
+        journals = [msgs_dir / name for name in JOURNAL_NAMES]
+        for data in (msgs_data, state_data):
+            if not is_empty_or_missing(data):
+                problem = lmdb_file_problem(data)
+                if problem is not None:
+                    raise DamagedStoreError(f"{data} {problem}")
+        if is_empty_or_missing(msgs_data):
+            holding = [str(p) for p in (state_data, *journals) if not is_empty_or_missing(p)]
+            if holding:
+                raise DamagedStoreError(
+                    f"{msgs_data} is {'empty' if msgs_data.exists() else 'missing'}, but other files of the store "
+                    f"hold data ({', '.join(holding)}): the channels and messages it held are gone"
+                )
+        for env_dir, check in ((state_dir, True), (msgs_dir, verify == "full")):
+            if check and not is_empty_or_missing(env_dir / "data.mdb"):
+                problems = structure_problems(env_dir)
+                if problems:
+                    more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+                    raise DamagedStoreError(f"{env_dir / 'data.mdb'} is damaged: {problems[0]}{more}")
+
+        # Always synced: LMDB is written only by checkpoints, and a checkpoint must be whole on disk
+        # before the journal file it copied is written again.
+        self._msgs = self._open_env("msgs", ["meta", "channels", "messages"], map_size, max_map_size)
+        meta = self._msgs.dbs["meta"]
+        existing = self._msgs.read(lambda txn: txn.get(b"cluster_id", db=meta)) is not None
+        if existing and is_empty_or_missing(state_data):
+            raise DamagedStoreError(
+                f"{state_data} is {'empty' if state_data.exists() else 'missing'}: the subscriptions, their "
+                "positions and unacknowledged messages, and the clients it held are gone"
+            )
+        schema = self._msgs.read(partial(_get_meta, db=meta, key=b"schema_version"))
+        if existing and schema is not None and U32.unpack(schema)[0] >= 2:
+            for journal in journals:
+                if not journal.exists():
+                    raise DamagedStoreError(
+                        f"{journal} is missing: it held the acknowledged messages not yet copied into {msgs_data}"
+                    )
+        self._state = self._open_env(
+            "state",
+            ["meta", "subs", "lastsent", "pending", "clients"],
+            map_size,
+            max_map_size,
+            metasync=False,
+            sync=self.synced,
+        )
+        # A new store's journal files exist before its server record does: a store that has a
+        # server record always has them.
+        self._journal = Journal(msgs_dir, sync=self.synced)
+        self._server = self._check_meta(cluster_id)
+        self._journal.seed = self._msgs.read(self._journal_seed)
+        self._load_channels()
+        self._next_sub_id = self._state.read(self._highest_sub_id) + 1
+        self._next_channel_id = 1 + max((c.channel_id for c in self._channels.values()), default=0)
+        self._next_channel_id = max(self._next_channel_id, self._msgs.read(self._stored_next_channel_id))
+        self._in_lmdb = {c.channel_id: c.last_seq for c in self._channels.values()}
+        damage = self.scan_messages() if verify == "full" else self._check_channel_ends()
+        if damage:
+            lines = damage.lines()
+            more = f" (and {len(lines) - 1} more problems)" if len(lines) > 1 else ""
+            raise DamagedStoreError(f"{msgs_data}: {lines[0]}{more}")
+        checkpointed = self._msgs.read(partial(_get_meta, db=meta, key=b"journal_epoch"))
+        recovery = self._journal.recover(U64.unpack(checkpointed)[0] if checkpointed else 0)
+        self._replay(recovery.bodies)
+        self._unretired = recovery.unretired
+        if recovery.bodies:
+            self._try_checkpoint()
+        self._checkpointer = threading.Thread(target=self._checkpoints, name=f"checkpoint {self.path}", daemon=True)
+        self._checkpointer.start()
+
+    def _journal_seed(self, txn: lmdb.Transaction) -> Seed:
+        meta = self._msgs.dbs["meta"]
+        key, keyed_from = txn.get(b"journal_key", db=meta), txn.get(b"journal_keyed_from", db=meta)
+        if key is None or keyed_from is None:
+            return unkeyed  # a store of schema version 2 or older, until its first append
+        return keyed(bytes(key), U64.unpack(keyed_from)[0])
 
     def _check_meta(self, cluster_id: str) -> ServerInfo:
         for env in (self._msgs, self._state):
@@ -318,7 +395,7 @@ class LmdbStore(Store):
         def check(txn: lmdb.Transaction) -> ServerInfo:
             stored, created = txn.get(b"cluster_id", db=meta), txn.get(b"created_unix_ns", db=meta)
             if stored is None or created is None:
-                raise IntegrityError(f"{self._msgs.path}: the server record is incomplete")
+                raise DamagedStoreError(f"{self._msgs.path / 'data.mdb'}: the server record is incomplete")
             if bytes(stored).decode() != cluster_id:
                 raise ClusterIdMismatchError(cluster_id, bytes(stored).decode(), str(self.path))
             return ServerInfo(cluster_id, SCHEMA_VERSION, U64.unpack(created)[0])
@@ -337,19 +414,36 @@ class LmdbStore(Store):
             txn.put(b"cluster_id", cluster_id.encode(), db=meta)
             txn.put(b"created_unix_ns", U64.pack(created), db=meta)
             txn.put(b"schema_version", U32.pack(SCHEMA_VERSION), db=meta)
+            txn.put(b"journal_key", secrets.token_bytes(16), db=meta)
+            txn.put(b"journal_keyed_from", U64.pack(0), db=meta)
 
-        self._state.write(lambda txn: txn.put(b"schema_version", U32.pack(SCHEMA_VERSION), db=self._state.dbs["meta"]))
+        # The server record first: a store with one is a store whose other files must all be there.
         self._msgs.write(init)
+        self._state.write(lambda txn: txn.put(b"schema_version", U32.pack(SCHEMA_VERSION), db=self._state.dbs["meta"]))
         self._schema_current = True
         return ServerInfo(cluster_id, SCHEMA_VERSION, created)
 
     def _upgrade_schema(self) -> None:
-        """Mark a version-1 store as version 2 before its journal holds anything, so that an older
-        server refuses it rather than open it without replaying the journal. Done at the first append
-        rather than at open: opening writes only what is missing, so a store on a full disk still opens."""
+        """Bring an older store to the current version before its journal takes a record of this
+        server's: an older server would not replay the journal (version 1) or not read its keyed
+        records (version 2). Done at the first append rather than at open: opening writes only what is
+        missing, so a store on a full disk still opens. Called with the append lock held.
+
+        The key applies from the active epoch on when that holds nothing yet; otherwise (a replay whose
+        checkpoint has not succeeded) from the next one, so what the active file holds stays readable."""
         meta = self._msgs.dbs["meta"]
+        key = secrets.token_bytes(16)
+        quiet = self._unretired is None and not self._journal.active_bytes
+        keyed_from = self._journal.epoch if quiet else self._journal.epoch + 1
+
+        def upgrade(txn: lmdb.Transaction) -> None:
+            txn.put(b"schema_version", U32.pack(SCHEMA_VERSION), db=meta)
+            txn.put(b"journal_key", key, db=meta)
+            txn.put(b"journal_keyed_from", U64.pack(keyed_from), db=meta)
+
         with self._msgs.write_lock:
-            self._msgs.write(lambda txn: txn.put(b"schema_version", U32.pack(SCHEMA_VERSION), db=meta))
+            self._msgs.write(upgrade)
+        self._journal.seed = keyed(key, keyed_from)
         self._schema_current = True
 
     def _load_channels(self) -> None:
@@ -445,7 +539,7 @@ class LmdbStore(Store):
                 ts = max(now, info.last_timestamp_unix_ns)
                 items = encode_run(info.channel_id, info.last_seq + 1, ts, run)
                 encoded.append((info, ts, items))
-                parts.append(_RUN.pack(info.channel_id, info.last_seq + 1, ts, len(items)))
+                parts.append(JOURNAL_RUN.pack(info.channel_id, info.last_seq + 1, ts, len(items)))
                 for _, value in items:
                     parts += (U32.pack(len(value)), value)
             self._journal.append(b"".join(parts))
@@ -486,8 +580,8 @@ class LmdbStore(Store):
         for body in bodies:
             offset = 0
             while offset < len(body):
-                channel_id, first, ts, count = _RUN.unpack_from(body, offset)
-                offset += _RUN.size
+                channel_id, first, ts, count = JOURNAL_RUN.unpack_from(body, offset)
+                offset += JOURNAL_RUN.size
                 items = []
                 for seq in range(first, first + count):
                     (size,) = U32.unpack_from(body, offset)
@@ -516,75 +610,108 @@ class LmdbStore(Store):
             or limits.max_age_s
         ):
             return info, range(0)
-        count, freed = plan_eviction(limits, info.msgs, info.bytes, self._oldest(info), now)
-        gone = range(info.first_seq, info.first_seq + count)
-        return attrs.evolve(info, first_seq=gone.stop, msgs=info.msgs - count, bytes=info.bytes - freed), gone
+        seen: list[int] = []  # sequences handed to plan_eviction, in order (a repaired channel has gaps)
 
-    def _oldest(self, info: ChannelInfo) -> Iterator[tuple[int, int]]:
-        """(size, timestamp) of the channel's messages from the oldest on, read as far as needed."""
-        seq = info.first_seq
-        while seq <= info.last_seq:
-            values = self._values(info, seq, min(info.last_seq, seq + 255))
-            for value in values:
-                yield len(value), message_timestamp(value)
-            if not values:
-                raise IntegrityError(f"channel {info.name!r}: message {seq} is missing")
-            seq += len(values)
+        def oldest() -> Iterator[tuple[int, int]]:
+            start = info.first_seq
+            while start <= info.last_seq:
+                items = self._items(info, start, 256)
+                if not items:
+                    return
+                for key, value in items:
+                    seen.append(key_seq(key))
+                    yield len(value), message_timestamp(value)
+                start = seen[-1] + 1
 
-    def _values(self, info: ChannelInfo, start: int, stop: int) -> list[bytes | memoryview]:
-        """The stored values of seq start..stop (inclusive, all within the channel) in order: the
-        checkpointed ones from LMDB, the newer ones from memory."""
+        count, freed = plan_eviction(limits, info.msgs, info.bytes, oldest(), now)
+        if not count:
+            return info, range(0)
+        # plan_eviction looked at one message past the last it drops, unless the channel ran out.
+        stop = seen[count] if count < len(seen) else info.last_seq + 1
+        gone = range(info.first_seq, stop)
+        return attrs.evolve(info, first_seq=stop, msgs=info.msgs - count, bytes=info.bytes - freed), gone
+
+    def _items(self, info: ChannelInfo, start: int, count: int) -> list[tuple[bytes, bytes | memoryview]]:
+        """Up to `count` stored (key, value) pairs of the channel from `start` on, in order: the
+        checkpointed ones from LMDB (gaps left by a repair are skipped), the newer ones from memory.
+        Values are not verified here."""
         channel_id = info.channel_id
-        in_lmdb, in_memory = self._where(channel_id)
-        out: list[bytes | memoryview] = []
+        in_lmdb, recent, copying = self._where(channel_id)
+        start = max(start, info.first_seq)
+        out: list[tuple[bytes, bytes | memoryview]] = []
         if start <= in_lmdb:
-            last = min(stop, in_lmdb)
+            first, end = MSG_KEY.pack(channel_id, start), MSG_KEY.pack(channel_id, min(in_lmdb, info.last_seq))
             db = self._msgs.dbs["messages"]
 
-            def read(txn: lmdb.Transaction) -> list[bytes | memoryview]:
+            def read(txn: lmdb.Transaction) -> list[tuple[bytes, bytes | memoryview]]:
                 cursor = txn.cursor(db=db)
-                found: list[bytes | memoryview] = []
-                if cursor.set_range(MSG_KEY.pack(channel_id, start)):
-                    end = MSG_KEY.pack(channel_id, last)
-                    for key, value in cursor.iternext():
-                        if bytes(key) > end:
+                found: list[tuple[bytes, bytes | memoryview]] = []
+                if cursor.set_range(first):
+                    for key, value in cast("Iterator[tuple[bytes, bytes]]", cursor.iternext()):
+                        if key > end or len(found) >= count:
                             break
-                        found.append(value)
+                        found.append((key, value))
                 return found
 
             out = self._msgs.read(read)
-            if len(out) != last - start + 1:
-                raise IntegrityError(f"channel {info.name!r}: messages {start}..{last} are not all stored")
-        for seq in range(max(start, in_lmdb + 1), stop + 1):
-            value = in_memory(seq)
-            if value is None:
-                raise IntegrityError(f"channel {info.name!r}: message {seq} is missing")
-            out.append(value)
+        seq = max(start, in_lmdb + 1)
+        while len(out) < count and seq <= info.last_seq:
+            item = recent.get(seq) or copying.get(seq)
+            if item is None:  # the journal's messages are contiguous: this is a bug, not damage
+                raise IntegrityError(f"channel {info.name!r}: message {seq} is missing from memory")
+            out.append(item)
+            seq += 1
         return out
 
-    def _where(self, channel_id: int) -> tuple[int, Callable[[int], bytes | None]]:
-        """How far LMDB holds the channel, and a lookup of the newer messages in memory (a snapshot:
-        a checkpoint moves them from `_recent` to `_copying` to LMDB meanwhile)."""
+    def _where(self, channel_id: int) -> tuple[int, dict[int, tuple[bytes, bytes]], dict[int, tuple[bytes, bytes]]]:
+        """How far LMDB holds the channel, and the newer messages in memory (a snapshot: a checkpoint
+        moves them from `_recent` to `_copying` to LMDB meanwhile)."""
         with self._mem_lock:
-            in_lmdb = self._in_lmdb.get(channel_id, 0)
-            recent = self._recent.get(channel_id, _EMPTY)
-            copying = self._copying.get(channel_id, _EMPTY)
-
-        def in_memory(seq: int) -> bytes | None:
-            item = recent.get(seq) or copying.get(seq)
-            return None if item is None else item[1]
-
-        return in_lmdb, in_memory
+            return (
+                self._in_lmdb.get(channel_id, 0),
+                self._recent.get(channel_id, _EMPTY),
+                self._copying.get(channel_id, _EMPTY),
+            )
 
     def read(self, channel: str, start_seq: int, max_count: int) -> list[Message]:
         info = self._known(channel)
-        start = max(start_seq, info.first_seq)
-        stop = min(info.last_seq, start + max_count - 1)
-        if start > stop:
-            return []
-        pack, name, cid = MSG_KEY.pack, info.name, info.channel_id
-        values = self._values(info, start, stop)
-        return [decode_message(pack(cid, seq), v, name) for seq, v in zip(range(start, stop + 1), values, strict=True)]
+        name = info.name
+        out: list[Message] = []
+        start = start_seq
+        while len(out) < max_count and start <= info.last_seq:
+            items = self._items(info, start, max_count - len(out))
+            if not items:
+                break
+            try:
+                out += [decode_message(key, value, name) for key, value in items]
+            except IntegrityError:
+                out += self._decode_skipping(info, items)
+            start = key_seq(items[-1][0]) + 1
+        return out
+
+    def _decode_skipping(self, info: ChannelInfo, items: list[tuple[bytes, bytes | memoryview]]) -> list[Message]:
+        """Decode what is intact, report the rest: one damaged message must not hide the ones after."""
+        out = []
+        for key, value in items:
+            try:
+                out.append(decode_message(key, value, info.name))
+            except IntegrityError as exc:
+                self._found_damaged(key, exc)
+        return out
+
+    def _found_damaged(self, key: bytes, exc: IntegrityError) -> None:
+        self.damaged_reads += 1
+        where = (MSG_KEY.unpack(key)[0], key_seq(key))
+        if where in self._damaged or len(self._damaged) >= _DAMAGED_LOG_LIMIT:
+            return
+        self._damaged[where] = None
+        log.error(
+            "%s in %s: it is skipped and every other message is still delivered; "
+            "`streaming-server check --dir %s` lists all damage",
+            exc,
+            self._msgs.path / "data.mdb",
+            self.path,
+        )
 
     def get(self, channel: str, seq: int) -> Message | None:
         return self.get_many(channel, [seq])[0]
@@ -592,7 +719,7 @@ class LmdbStore(Store):
     def get_many(self, channel: str, seqs: Sequence[int]) -> list[Message | None]:
         info = self._known(channel)
         cid, name = info.channel_id, info.name
-        in_lmdb, in_memory = self._where(cid)
+        in_lmdb, recent, copying = self._where(cid)
         keys = [MSG_KEY.pack(cid, seq) for seq in seqs]
         older = [key for seq, key in zip(seqs, keys, strict=True) if info.first_seq <= seq <= in_lmdb]
         db = self._msgs.dbs["messages"]
@@ -601,8 +728,18 @@ class LmdbStore(Store):
         for seq, key in zip(seqs, keys, strict=True):
             value: bytes | memoryview | None = None
             if info.first_seq <= seq <= info.last_seq:
-                value = from_lmdb[key] if seq <= in_lmdb else in_memory(seq)
-            out.append(None if value is None else decode_message(key, value, name))
+                if seq <= in_lmdb:
+                    value = from_lmdb[key]
+                else:
+                    item = recent.get(seq) or copying.get(seq)
+                    value = None if item is None else item[1]
+            message = None
+            if value is not None:
+                try:
+                    message = decode_message(key, value, name)
+                except IntegrityError as exc:
+                    self._found_damaged(key, exc)
+            out.append(message)
         return out
 
     def expire(self, now_unix_ns: int | None = None) -> ExpireResult:
@@ -619,13 +756,85 @@ class LmdbStore(Store):
                     dropped[info.name] = gone
                     self._channels[info.name.lower()] = info
                     self._dirty.add(info.channel_id)
-                if info.msgs:
-                    due = message_timestamp(self._values(info, info.first_seq, info.first_seq)[0]) + max_age_ns
+                oldest = self._items(info, info.first_seq, 1) if info.msgs else []
+                if oldest:
+                    due = message_timestamp(oldest[0][1]) + max_age_ns
                     next_expiry = due if next_expiry is None else min(next_expiry, due)
         if dropped:
             # A journal replay re-applies count and size limits, not an age sweep: make it stick now.
             self.checkpoint()
         return ExpireResult(dropped, next_expiry)
+
+    # -- verification ------------------------------------------------------------------------------
+
+    def scan_messages(self) -> Damage:
+        """Every message LMDB holds, checksum by checksum, and each channel's count against its record
+        (sequences a repair recorded as lost are not missing). Messages only in the journal were
+        verified when it was read."""
+        damage = Damage()
+        db, meta = self._msgs.dbs["messages"], self._msgs.dbs["meta"]
+        with self._mem_lock:
+            bounds = [(info, self._in_lmdb.get(info.channel_id, 0)) for info in self._channels.values()]
+
+        def scan(txn: lmdb.Transaction) -> None:
+            cursor = txn.cursor(db=db)
+            for info, in_lmdb in bounds:
+                cid, last = info.channel_id, min(in_lmdb, info.last_seq)
+                if last < info.first_seq:
+                    continue
+                end, present, bad = MSG_KEY.pack(cid, last), 0, []
+                if cursor.set_range(MSG_KEY.pack(cid, info.first_seq)):
+                    for key, value in cast("Iterator[tuple[bytes, bytes]]", cursor.iternext()):
+                        if key > end:
+                            break
+                        present += 1
+                        if not value_intact(key, value):
+                            bad.append(key_seq(key))
+                if bad:
+                    damage.damaged[info.name] = set(bad)
+                expected = info.msgs - (info.last_seq - last)  # the rest is in the journal
+                if present != expected:
+                    lost = decode_lost(txn.get(lost_key(cid), db=meta))
+                    gone = {
+                        seq
+                        for seq in range(info.first_seq, last + 1)
+                        if seq not in lost and txn.get(MSG_KEY.pack(cid, seq), db=db) is None
+                    }
+                    if gone:
+                        damage.missing[info.name] = gone
+                    else:
+                        damage.problems.append(
+                            f"channel {info.name!r}: its record counts {expected} messages, but {present} are stored"
+                        )
+
+        self._msgs.read(scan)
+        return damage
+
+    def _check_channel_ends(self) -> Damage:
+        """Each channel's first and last message as LMDB holds them (the quick check at open)."""
+        damage = Damage()
+        db = self._msgs.dbs["messages"]
+
+        def check(txn: lmdb.Transaction) -> None:
+            cursor = txn.cursor(db=db)
+            for info in self._channels.values():
+                cid = info.channel_id
+                if not info.msgs or self._in_lmdb.get(cid, 0) < info.first_seq:
+                    continue
+                ends = []
+                if cursor.set_range(MSG_KEY.pack(cid, info.first_seq)):
+                    ends.append((cursor.key(), cursor.value()))
+                past = cursor.set_range(MSG_KEY.pack(cid, self._in_lmdb[cid] + 1))
+                if cursor.prev() if past else cursor.last():
+                    ends.append((cursor.key(), cursor.value()))
+                for key, value in ends:
+                    if MSG_KEY.unpack(key)[0] != cid:
+                        damage.problems.append(f"channel {info.name!r}: none of its messages are stored")
+                    elif not value_intact(key, value):
+                        damage.damaged.setdefault(info.name, set()).add(key_seq(key))
+
+        self._msgs.read(check)
+        return damage
 
     # -- checkpoints -----------------------------------------------------------------------------
 
@@ -826,6 +1035,7 @@ class LmdbStore(Store):
             self._msgs.map_size(),
             self._state.used_bytes(),
             self._state.map_size(),
+            len(self._damaged),
         )
 
     def sync(self) -> None:
@@ -836,18 +1046,26 @@ class LmdbStore(Store):
 
     def close(self) -> None:
         try:
-            if self._checkpointer is not None:
+            if self._checkpointer is not None:  # opened completely (else the journal was not read)
                 with self._wake:
                     self._closing = True
                     self._wake.notify_all()
                 self._checkpointer.join()
                 self._checkpointer = None
                 self._try_checkpoint()  # a clean stop leaves an empty journal: the next open replays nothing
+                try:
+                    with self._append_lock:
+                        self._journal.mark_closed()
+                        if not self.synced:
+                            self._journal.flush()
+                except StoreError as exc:  # the next open looks the journal over instead
+                    log.warning("could not mark the journal closed: %s", exc)
             if not self.synced:
                 for env in self._envs:
                     env.sync()  # unsynced commits of a clean stop reach the disk before the lock is let go
         finally:
-            self._journal.close()
+            if hasattr(self, "_journal"):
+                self._journal.close()
             for env in self._envs:
                 env.close()
             self._envs.clear()

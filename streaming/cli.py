@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import signal
 import sys
 import time
@@ -16,7 +17,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from storage import StoreError
+from storage import DamagedStoreError, StoreError
 from streaming.config import ConfigError, ServerConfig, load, merged, parse_bool, parse_duration, parse_size
 
 log = logging.getLogger("streaming")
@@ -50,6 +51,12 @@ def _server_parser() -> argparse.ArgumentParser:
         "crash loses up to that much and can damage the store (a crash of the server process loses nothing)",
     )
     add("--sync_interval", type=_flag(parse_duration), help="with --file_sync=false: how often to flush (default 1s)")
+    add(
+        "--verify_on_start",
+        choices=["full", "quick"],
+        help="what the lmdb store checks before serving: full (every message's checksum, default) or quick "
+        "(damage elsewhere is found when a message is read, or by `streaming-server check`)",
+    )
     add("-mc", "--max_channels", type=int, help="max number of channels (default 100, 0 = unlimited)")
     add("-msu", "--max_subs", type=int, help="max subscriptions per channel (default 1000, 0 = unlimited)")
     add("-mm", "--max_msgs", type=int, help="max messages per channel (default 1000000, 0 = unlimited)")
@@ -91,6 +98,9 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def server_main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["check"], ["repair"]):
+        return _maintenance_main(argv[0], argv[1:])
     args = _server_parser().parse_args(argv)
     overrides = _overrides(args)
     try:
@@ -106,9 +116,64 @@ def server_main(argv: list[str] | None = None) -> int:
         trio.run(_run_server, config)
     except* (StoreError, OSError) as group:
         for error in _leaves(group):
-            log.error("cannot start: %s", error)
+            if isinstance(error, DamagedStoreError):
+                log.error("cannot start: %s; %s", error, _way_forward(config.dir))
+            else:
+                log.error("cannot start: %s", error)
         failed = True
     return 1 if failed else 0
+
+
+def _way_forward(directory: str) -> str:
+    where = shlex.quote(directory)
+    return (
+        f"`streaming-server check --dir {where}` lists every problem, `streaming-server repair --dir {where}` keeps "
+        "everything intact and sets the damaged files aside (see docs/store.md)"
+    )
+
+
+def _maintenance_parser(command: str) -> argparse.ArgumentParser:
+    if command == "check":
+        description = (
+            "Look over a stopped server's data directory: every problem, each naming its file, and exactly "
+            "which messages of which channels are damaged or missing. Writes nothing. Exit status 0: intact, "
+            "1: damaged, 2: could not check."
+        )
+    else:
+        description = (
+            "Rebuild a stopped server's store from everything in it that is intact, move the old files to "
+            "damaged-<time>/ in the data directory, and report exactly which messages of which channels are "
+            "lost. An intact store is left as it is."
+        )
+    parser = argparse.ArgumentParser(prog=f"streaming-server {command}", description=description)
+    parser.add_argument("-c", "--config", help="TOML configuration file (for its dir)")
+    parser.add_argument("--dir", help="data directory (default: the config's, else ./streaming-data)")
+    if command == "repair":
+        parser.add_argument("-cid", "--cluster_id", help="only if the server record is lost: the cluster ID")
+    return parser
+
+
+def _maintenance_main(command: str, argv: list[str]) -> int:
+    from storage.repair import check, repair
+
+    args = _maintenance_parser(command).parse_args(argv)
+    try:
+        config = load(args.config, {}) if args.config else merged({}, {})
+    except ConfigError as exc:
+        print(f"streaming-server {command}: configuration error: {exc}", file=sys.stderr)
+        return 2
+    directory = args.dir or config.dir
+    try:
+        report = check(directory) if command == "check" else repair(directory, getattr(args, "cluster_id", None))
+    except (StoreError, OSError) as exc:
+        print(f"streaming-server {command}: {exc}", file=sys.stderr)
+        return 2
+    for line in report.lines():
+        print(line)
+    if command == "check":
+        print(f"{directory}: {'intact' if report.clean else 'damaged'}")
+        return 0 if report.clean else 1
+    return 0
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:

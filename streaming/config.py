@@ -17,7 +17,7 @@ import cattrs
 from cattrs.gen import make_dict_structure_fn
 from cattrs.v import format_exception
 
-from storage import ChannelLimits, StoreLimits
+from storage import VERIFY_MODES, ChannelLimits, StoreLimits
 
 Duration = NewType("Duration", float)
 Size = NewType("Size", int)
@@ -133,6 +133,9 @@ class ServerConfig:
     # (a machine crash loses up to that much, and can damage the store; a crash of the process loses nothing).
     file_sync: bool = True
     sync_interval: Duration = Duration(1.0)
+    # What the lmdb store checks at start: "full" (every message's checksum and both files' structure)
+    # or "quick" (what it needs at once; other damage is found when read, or by `streaming-server check`).
+    verify_on_start: str = "full"
     max_channels: int = 100
     max_subs: int = 1000
     limits: LimitsConfig = LimitsConfig()
@@ -156,6 +159,8 @@ class ServerConfig:
     def __attrs_post_init__(self) -> None:
         if self.store not in ("lmdb", "memory"):
             raise ConfigError(f"store: expected 'lmdb' or 'memory', got {self.store!r}")
+        if self.verify_on_start not in VERIFY_MODES:
+            raise ConfigError(f"verify_on_start: expected 'full' or 'quick', got {self.verify_on_start!r}")
         if not 0 <= self.port < 65536 or not -1 <= self.http_port < 65536:
             raise ConfigError("port must be between 0 and 65535, http_port between -1 and 65535")
         if not re.fullmatch(r"[a-zA-Z0-9_-]+", self.cluster_id):

@@ -68,7 +68,15 @@ async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] =
     limits = config.store_limits()
     directory = config.dir if config.store == "lmdb" else None
     store = await trio.to_thread.run_sync(
-        partial(open_store, config.store, directory, config.cluster_id, limits, sync=config.file_sync)
+        partial(
+            open_store,
+            config.store,
+            directory,
+            config.cluster_id,
+            limits,
+            sync=config.file_sync,
+            verify=config.verify_on_start,
+        )
     )
     try:
         broker = Broker(broker_config(config))

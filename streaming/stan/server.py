@@ -31,7 +31,8 @@ from typing import TypeVar
 import attrs
 import trio
 
-from storage import ChannelError, ClientRecord, RecoveredState, Store, StoreError
+from storage import ChannelError, ClientRecord, DamagedStoreError, RecoveredState, Store, StoreError
+from storage.integrity import beyond_channels
 from streaming.engine import Delivery, Engine, Observer, RequestError
 from streaming.nats.broker import Broker
 from streaming.observers import ServerObserver
@@ -137,6 +138,7 @@ class StanServer:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         state: RecoveredState = await self._call(self.store.recover)
+        state = self._check_positions(state)
         self.engine = Engine.recover(self.store, state)
         for engine_observer in self._engine_observers:
             self.engine.add_observer(engine_observer)
@@ -184,6 +186,20 @@ class StanServer:
                 len(state.subscriptions),
             )
             task_status.started()
+
+    def _check_positions(self, state: RecoveredState) -> RecoveredState:
+        """Refuse a store whose subscribers were sent messages it no longer holds (see
+        `beyond_channels`); without file sync that is what a machine crash may do: say so, go on."""
+        state, problems = beyond_channels(state)
+        if problems and self.store.synced:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise DamagedStoreError(
+                f"{problems[0]}{more}: acknowledged messages are missing from the store's journal "
+                "(its last record is damaged, or a journal file was replaced)"
+            )
+        for problem in problems:
+            log.warning("%s (file_sync is off: a machine crash loses what was written since the last flush)", problem)
+        return state
 
     async def _start_after_recovery(self, inboxes: list[str]) -> None:
         """Recovered pending messages go out before new ones: wait (bounded) until the clients that

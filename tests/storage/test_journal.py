@@ -11,13 +11,23 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from storage import SCHEMA_VERSION, ChannelLimits, LmdbStore, NewMessage, StoreLimits, StoreWriteError
+from storage import (
+    SCHEMA_VERSION,
+    ChannelLimits,
+    DamagedStoreError,
+    LmdbStore,
+    NewMessage,
+    StoreLimits,
+    StoreWriteError,
+)
 from storage.codec import U32
-from storage.journal import NAMES, Journal
+from storage.journal import NAMES, Journal, Recovery, keyed
+
+KEY = b"k" * 16
 
 
-def _journal(tmp_path: Path, sync: bool = True) -> Journal:
-    return Journal(tmp_path, sync=sync)
+def _journal(tmp_path: Path, sync: bool = True, key: bytes = KEY) -> Journal:
+    return Journal(tmp_path, sync=sync, seed=keyed(key))
 
 
 def test_records_come_back_in_order_and_a_torn_last_one_is_dropped(tmp_path: Path) -> None:
@@ -32,7 +42,7 @@ def test_records_come_back_in_order_and_a_torn_last_one_is_dropped(tmp_path: Pat
     raw[end - 3] ^= 0xFF  # the last record's body, as a crash in the middle of its write leaves it
     path.write_bytes(bytes(raw))
     again = _journal(tmp_path)
-    assert again.recover(0) == [b"record %d " % i * (i + 1) for i in range(4)]
+    assert again.recover(0) == Recovery([b"record %d " % i * (i + 1) for i in range(4)], None)
     again.close()
 
 
@@ -47,15 +57,120 @@ def test_a_reused_file_does_not_replay_what_an_earlier_epoch_left_behind(tmp_pat
     journal.append(b"new")
     journal.close()
     assert second == first + 1
-    # Only file 0's first epoch was checkpointed; its stale records behind "new" are not replayed.
+    # Only file 0's first epoch was checkpointed; its stale records behind "new" are not replayed,
+    # and file 1 is not active: it waits for a checkpoint to retire it.
     again = _journal(tmp_path)
-    assert again.recover(first) == [b"middle", b"new"]
-    assert again.epoch > second + 1
+    assert again.recover(first) == Recovery([b"middle", b"new"], second)
     again.close()
     # With both checkpointed, only the newest epoch is left.
     again = _journal(tmp_path)
-    assert again.recover(second) == [b"new"]
+    assert again.recover(second) == Recovery([b"new"], None)
     again.close()
+
+
+def test_recovery_never_writes_over_records_it_has_not_seen_checkpointed(tmp_path: Path) -> None:
+    """After a restart whose checkpoint fails (a full disk), appends go on after the last record of the
+    newest file; the other file, if it holds records too, is not written until a checkpoint retires it."""
+    journal = _journal(tmp_path)
+    journal.recover(0)
+    journal.append(b"a1")
+    older = journal.switch()  # its checkpoint never lands
+    journal.append(b"b1")
+    journal.close()
+    again = _journal(tmp_path)
+    recovery = again.recover(0)
+    assert recovery == Recovery([b"a1", b"b1"], older)
+    again.append(b"b2")  # a publish after the restart, before any checkpoint
+    again.close()
+    third = _journal(tmp_path)
+    assert third.recover(0) == Recovery([b"a1", b"b1", b"b2"], older)
+    # A checkpoint that lands retires the older file (no switch: the active one still has records)...
+    assert third.recover(older).bodies == [b"b1", b"b2"]
+    third.close()
+
+
+def test_a_damaged_record_with_intact_ones_after_it_is_refused_naming_the_file(tmp_path: Path) -> None:
+    journal = _journal(tmp_path)
+    journal.recover(0)
+    offsets = []
+    for i in range(6):
+        offsets.append(journal.active_bytes)
+        journal.append(b"record %d " % i * 50)
+    journal.close()
+    path = tmp_path / NAMES[0]
+    raw = bytearray(path.read_bytes())
+    raw[offsets[2] + 40] ^= 0x01  # one bit in the middle record
+    path.write_bytes(bytes(raw))
+    with pytest.raises(DamagedStoreError) as err:
+        _journal(tmp_path).recover(0)
+    assert f"{path}: the record at offset {offsets[2]} is damaged" in str(err.value)
+    assert f"written after it lies at offset {offsets[3]}" in str(err.value)
+
+
+@pytest.mark.parametrize("where", ["header", "first"])
+def test_damage_that_hides_a_record_boundary_is_found_too(tmp_path: Path, where: str) -> None:
+    """A length turned to zeros (a lying disk returns zeroed blocks) or a damaged first record: the
+    boundary of the next record is lost, and the intact records further on are still found."""
+    journal = _journal(tmp_path)
+    journal.recover(0)
+    for i in range(4):
+        journal.append(b"x%d" % i * 1000)
+    journal.close()
+    path = tmp_path / NAMES[0]
+    raw = bytearray(path.read_bytes())
+    at = 0 if where == "first" else 16 + 2000 + 2
+    raw[at : at + 8] = bytes(8)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(DamagedStoreError, match="is damaged"):
+        _journal(tmp_path).recover(0)
+
+
+def test_a_payload_cannot_pass_for_a_record(tmp_path: Path) -> None:
+    """A client chooses payloads, and payloads lie in journal files, past the newest record of a reused
+    file too. A record forged inside a payload, for an epoch the reader would accept, is not one: the
+    checksum is keyed by the store. The same bytes made with the store's key are (the control)."""
+    journal = _journal(tmp_path)
+    journal.recover(0)
+    journal.append(b"real")
+    end = journal.active_bytes
+    epoch = journal.epoch
+    journal.close()
+
+    def forged(key: bytes) -> bytes:
+        other = tmp_path / "forge"
+        other.mkdir(exist_ok=True)
+        forger = Journal(other, sync=False, seed=keyed(key))
+        forger.recover(0)
+        forger.files[0].epoch = epoch
+        forger.append(b"FORGED MESSAGE")
+        forger.close()
+        record = (other / NAMES[0]).read_bytes()[: 16 + 14]
+        shutil.rmtree(other)
+        return record
+
+    path = tmp_path / NAMES[0]
+    raw = bytearray(path.read_bytes())
+    torn = b"\x00\x00\x10\x00" + b"garbage!" * 4  # a torn record whose payload carries the forgery
+    raw[end : end + len(torn) + 30] = torn + forged(b"guessed key 1234")
+    path.write_bytes(bytes(raw))
+    assert _journal(tmp_path).recover(0) == Recovery([b"real"], None)  # the tear is dropped; nothing else
+
+    raw[end + len(torn) : end + len(torn) + 30] = forged(KEY)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(DamagedStoreError):
+        _journal(tmp_path).recover(0)
+
+
+def test_nothing_after_the_close_marker_is_read(tmp_path: Path) -> None:
+    journal = _journal(tmp_path)
+    journal.recover(0)
+    journal.append(b"before")
+    journal.mark_closed()
+    scan = journal.files[0].scan(0, journal.seed)
+    assert (scan.bodies, scan.closed) == ([b"before"], True)
+    journal.append(b"after a reopen")  # takes the marker's place
+    journal.close()
+    assert _journal(tmp_path).recover(0).bodies == [b"before", b"after a reopen"]
 
 
 def test_a_killed_process_loses_nothing_the_journal_took(tmp_path: Path) -> None:
@@ -122,27 +237,43 @@ def test_limits_evict_across_the_journal_and_lmdb(tmp_path: Path) -> None:
         assert (info.first_seq, info.msgs) == (3, 5)
 
 
-def _schema_version(directory: Path) -> int:
+def _meta(directory: Path, key: bytes) -> bytes | None:
     env = lmdb.open(str(directory / "msgs"), max_dbs=4, readonly=True, lock=False)
     with env.begin() as txn:
-        stored = txn.get(b"schema_version", db=env.open_db(b"meta", txn=txn))
+        stored = txn.get(key, db=env.open_db(b"meta", txn=txn))
     env.close()
+    return None if stored is None else bytes(stored)
+
+
+def _schema_version(directory: Path) -> int:
+    stored = _meta(directory, b"schema_version")
     assert stored is not None
     return int(U32.unpack(stored)[0])
 
 
-def test_a_version_1_store_is_marked_version_2_before_its_journal_holds_anything(tmp_path: Path) -> None:
-    LmdbStore(tmp_path).close()
-    env = lmdb.open(str(tmp_path / "msgs"), max_dbs=4)
+@pytest.mark.parametrize("old_version", [1, 2])
+def test_an_older_store_is_upgraded_before_its_journal_takes_a_keyed_record(tmp_path: Path, old_version: int) -> None:
+    data = tmp_path / "data"
+    LmdbStore(data).close()
+    env = lmdb.open(str(data / "msgs"), max_dbs=4)
     with env.begin(write=True) as txn:
-        txn.put(b"schema_version", U32.pack(1), db=env.open_db(b"meta", txn=txn))
+        meta = env.open_db(b"meta", txn=txn)
+        txn.put(b"schema_version", U32.pack(old_version), db=meta)
+        txn.delete(b"journal_key", db=meta)
+        txn.delete(b"journal_keyed_from", db=meta)
     env.close()
-    with LmdbStore(tmp_path) as store:
+    with LmdbStore(data) as store:
         store.ensure_channel("a")
-    assert _schema_version(tmp_path) == 1  # opening (and making a channel) writes no version
-    with LmdbStore(tmp_path) as store:
+    assert _schema_version(data) == old_version  # opening (and making a channel) writes no version
+    assert _meta(data, b"journal_key") is None
+    crashed = tmp_path / "crashed"
+    with LmdbStore(data, checkpoint_interval=3600) as store:
         store.append([NewMessage("a", b"x")])
-    assert _schema_version(tmp_path) == SCHEMA_VERSION == 2
+        shutil.copytree(data, crashed, ignore=shutil.ignore_patterns("LOCK"))
+    assert _schema_version(crashed) == SCHEMA_VERSION == 3
+    assert _meta(crashed, b"journal_key") is not None
+    with LmdbStore(crashed) as store:  # the keyed record is replayed
+        assert [m.data for m in store.read("a", 1, 10)] == [b"x"]
 
 
 def test_a_failed_flush_is_a_store_error(tmp_path: Path) -> None:

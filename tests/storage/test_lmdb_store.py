@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import resource
 import shutil
@@ -19,7 +20,7 @@ import pytest
 
 from storage import (
     ClusterIdMismatchError,
-    IntegrityError,
+    DamagedStoreError,
     LmdbStore,
     NewMessage,
     SchemaVersionError,
@@ -58,7 +59,7 @@ def test_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
     with env.begin(write=True, db=env.open_db(b"meta")) as txn:
         txn.put(b"schema_version", U32.pack(99))
     env.close()
-    with pytest.raises(SchemaVersionError, match="schema version 99, newer than the 2 this server supports"):
+    with pytest.raises(SchemaVersionError, match="schema version 99, newer than the 3 this server supports"):
         LmdbStore(tmp_path)
 
 
@@ -126,29 +127,57 @@ def _store_with_markers(directory: Path) -> None:
         store.append([NewMessage("c", b"MARKER-%04d-" % i * 8) for i in range(1, 21)])
 
 
-def test_a_corrupt_value_is_reported_not_returned(tmp_path: Path) -> None:
-    _store_with_markers(tmp_path / "orig")
-    copy = tmp_path / "copy"
-    shutil.copytree(tmp_path / "orig", copy)
+def _flip_marker(directory: Path, marker: bytes) -> Path:
+    """A copy of the store with one byte flipped inside the payload that starts with `marker`."""
+    copy = directory.parent / "copy"
+    shutil.copytree(directory, copy)
     data_file = copy / "msgs" / "data.mdb"
     raw = bytearray(data_file.read_bytes())
-    at = raw.find(b"MARKER-0007-")
+    at = raw.find(marker)
     assert at > 0
-    raw[at + 3] ^= 0xFF  # one flipped byte inside message 7's payload
+    raw[at + 3] ^= 0xFF
     data_file.write_bytes(bytes(raw))
     (copy / "LOCK").unlink()
-    with LmdbStore(copy) as store:
-        with pytest.raises(IntegrityError, match=r"'c' message 7: stored value is corrupt \(checksum mismatch\)"):
-            store.get("c", 7)
-        with pytest.raises(IntegrityError):
-            store.read("c", 1, 20)
+    return copy
+
+
+def test_a_corrupt_value_is_refused_at_open_naming_the_message(tmp_path: Path) -> None:
+    _store_with_markers(tmp_path / "orig")
+    copy = _flip_marker(tmp_path / "orig", b"MARKER-0007-")
+    with pytest.raises(DamagedStoreError) as err:
+        LmdbStore(copy)
+    assert str(copy / "msgs" / "data.mdb") in str(err.value)
+    assert "channel 'c': 1 message fails its checksum: 7" in str(err.value)
+
+
+def test_a_corrupt_value_found_on_read_is_skipped_and_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the quick check at open, damage inside a channel is found when it is read: that message
+    is left out (and logged, and counted), every other one is still read."""
+    _store_with_markers(tmp_path / "orig")
+    copy = _flip_marker(tmp_path / "orig", b"MARKER-0007-")
+    with LmdbStore(copy, verify="quick") as store, caplog.at_level(logging.ERROR):
+        assert store.get("c", 7) is None
+        assert [m.seq for m in store.read("c", 1, 20)] == [*range(1, 7), *range(8, 21)]
+        assert [m.seq for m in store.read("c", 7, 3)] == [8, 9, 10]  # past it, as many as asked
+        assert [m.seq if m else None for m in store.get_many("c", [6, 7, 8])] == [6, None, 8]
         good = store.get("c", 6)
         assert good is not None
         assert good.data == b"MARKER-0006-" * 8
-        assert [m.seq for m in store.read("c", 8, 20)] == list(range(8, 21))
+        assert store.statistics().damaged_messages == 1
+    assert caplog.text.count("'c' message 7: stored value is corrupt (checksum mismatch)") == 1  # logged once
+    assert str(copy / "msgs" / "data.mdb") in caplog.text
 
 
-def test_a_damaged_file_is_an_integrity_error_at_open(tmp_path: Path) -> None:
+def test_the_quick_check_finds_a_damaged_last_message(tmp_path: Path) -> None:
+    _store_with_markers(tmp_path / "orig")
+    copy = _flip_marker(tmp_path / "orig", b"MARKER-0020-")
+    with pytest.raises(DamagedStoreError, match="channel 'c': 1 message fails its checksum: 20"):
+        LmdbStore(copy, verify="quick")
+
+
+def test_a_damaged_file_is_refused_at_open(tmp_path: Path) -> None:
     _store_with_markers(tmp_path)
     data_file = tmp_path / "msgs" / "data.mdb"
     raw = bytearray(data_file.read_bytes())
@@ -156,7 +185,9 @@ def test_a_damaged_file_is_an_integrity_error_at_open(tmp_path: Path) -> None:
     for offset in range(0, 2 * page, 7):  # both meta pages
         raw[offset] ^= 0x5A
     data_file.write_bytes(bytes(raw))
-    with pytest.raises(IntegrityError, match="damaged or not an LMDB file"):
+    with pytest.raises(
+        DamagedStoreError, match=r"data\.mdb is not an LMDB data file, or its first meta page is damaged"
+    ):
         LmdbStore(tmp_path)
 
 
