@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from storage.base import SCHEMA_VERSION, Store, StoreStatistics
+from storage.base import MAX_NAME_BYTES, SCHEMA_VERSION, Store, StoreStatistics
 from storage.errors import (
     ChannelError,
     ChannelNameConflictError,
@@ -30,12 +30,14 @@ from storage.records import (
     ChannelInfo,
     ClearPending,
     ClientRecord,
+    DeleteClient,
     DeleteSubscription,
     ExpireResult,
     Message,
     NewMessage,
     RecoveredState,
     RecoveredSubscription,
+    SaveClient,
     SaveSubscription,
     ServerInfo,
     SetLastSent,
@@ -69,6 +71,7 @@ def open_store(
 
 
 __all__ = [
+    "MAX_NAME_BYTES",
     "SCHEMA_VERSION",
     "VERIFY_MODES",
     "AppendResult",
@@ -79,6 +82,7 @@ __all__ = [
     "ClearPending",
     "ClientRecord",
     "ClusterIdMismatchError",
+    "DeleteClient",
     "DamagedStoreError",
     "DeleteSubscription",
     "ExpireResult",
@@ -89,6 +93,7 @@ __all__ = [
     "NewMessage",
     "RecoveredState",
     "RecoveredSubscription",
+    "SaveClient",
     "SaveSubscription",
     "SchemaVersionError",
     "ServerInfo",

@@ -25,22 +25,27 @@ from typing import ClassVar, Self
 
 import attrs
 
-from storage.errors import ChannelNameConflictError, TooManyChannelsError, UnknownChannelError
+from storage.errors import ChannelNameConflictError, NameTooLongError, TooManyChannelsError, UnknownChannelError
 from storage.limits import StoreLimits
 from storage.records import (
     AppendResult,
     ChannelInfo,
     ClientRecord,
+    DeleteClient,
     ExpireResult,
     Message,
     NewMessage,
     RecoveredState,
+    SaveClient,
     SubUpdate,
 )
 
 # 2: the LMDB store's publish journal (a version-1 server would not replay it); 3: journal records
 # keyed by the store (a version-2 server would not read them).
 SCHEMA_VERSION = 3
+# Channel names and client IDs are keys in the LMDB store (at most 511 bytes there); 255 bytes is what
+# nats-streaming-server's file store allows a channel (a directory name).
+MAX_NAME_BYTES = 255
 
 
 @attrs.frozen(slots=True)
@@ -96,6 +101,8 @@ class Store(abc.ABC):
             return existing
         if not name:
             raise ValueError("channel name must not be empty")
+        if len(name.encode()) > MAX_NAME_BYTES:
+            raise NameTooLongError("channel name", MAX_NAME_BYTES)
         if self.limits.max_channels > 0 and len(self._channels) >= self.limits.max_channels:
             raise TooManyChannelsError()
         return None
@@ -168,13 +175,13 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def apply(self, updates: Iterable[SubUpdate]) -> None:
-        """Apply subscription, last-sent and pending updates in one transaction, in order."""
+        """Apply subscription, last-sent, pending and client updates in one transaction, in order."""
 
-    @abc.abstractmethod
-    def register_client(self, client: ClientRecord) -> None: ...
+    def register_client(self, client: ClientRecord) -> None:
+        self.apply([SaveClient(client)])
 
-    @abc.abstractmethod
-    def unregister_client(self, client_id: str) -> None: ...
+    def unregister_client(self, client_id: str) -> None:
+        self.apply([DeleteClient(client_id)])
 
     # -- lifecycle -------------------------------------------------------------------------------
 

@@ -60,6 +60,11 @@ class ChannelNameConflictError(ChannelError):
         )
 
 
+class NameTooLongError(ChannelError):
+    def __init__(self, what: str, limit: int) -> None:
+        super().__init__(f"stan: {what} longer than {limit} bytes")
+
+
 class TooManyChannelsError(ChannelError):
     def __init__(self) -> None:
         super().__init__("too many channels")

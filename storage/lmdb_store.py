@@ -96,12 +96,14 @@ from storage.records import (
     ChannelInfo,
     ClearPending,
     ClientRecord,
+    DeleteClient,
     DeleteSubscription,
     ExpireResult,
     Message,
     NewMessage,
     RecoveredState,
     RecoveredSubscription,
+    SaveClient,
     SaveSubscription,
     ServerInfo,
     SetLastSent,
@@ -983,6 +985,10 @@ class LmdbStore(Store):
                     txn.delete(key, db=dbs["subs"])
                     txn.delete(key, db=dbs["lastsent"])
                     _delete_prefix(txn.cursor(db=dbs["pending"]), key)
+                elif isinstance(update, SaveClient):
+                    txn.put(update.record.client_id.encode(), encode_record(update.record), db=dbs["clients"])
+                elif isinstance(update, DeleteClient):
+                    txn.delete(update.client_id.encode(), db=dbs["clients"])
             if highest:
                 stored = txn.get(b"next_sub_id", db=dbs["meta"])
                 if stored is None or U64.unpack(stored)[0] <= highest:
@@ -990,16 +996,6 @@ class LmdbStore(Store):
 
         with self._state.write_lock:
             self._state.write(write)
-
-    def register_client(self, client: ClientRecord) -> None:
-        with self._state.write_lock:
-            self._state.write(
-                lambda txn: txn.put(client.client_id.encode(), encode_record(client), db=self._state.dbs["clients"])
-            )
-
-    def unregister_client(self, client_id: str) -> None:
-        with self._state.write_lock:
-            self._state.write(lambda txn: txn.delete(client_id.encode(), db=self._state.dbs["clients"]))
 
     # -- lifecycle -------------------------------------------------------------------------------
 

@@ -20,12 +20,14 @@ from storage.records import (
     ChannelInfo,
     ClearPending,
     ClientRecord,
+    DeleteClient,
     DeleteSubscription,
     ExpireResult,
     Message,
     NewMessage,
     RecoveredState,
     RecoveredSubscription,
+    SaveClient,
     SaveSubscription,
     ServerInfo,
     SetLastSent,
@@ -177,16 +179,16 @@ class MemoryStore(Store):
             elif kind is DeleteSubscription:
                 assert isinstance(update, DeleteSubscription)
                 self._delete_sub(update.sub_id)
+            elif kind is SaveClient:
+                assert isinstance(update, SaveClient)
+                self._clients[update.record.client_id] = update.record
+            elif kind is DeleteClient:
+                assert isinstance(update, DeleteClient)
+                self._clients.pop(update.client_id, None)
 
     def _delete_sub(self, sub_id: int) -> None:
         self._subs.pop(sub_id, None)
         self._pending.pop(sub_id, None)
-
-    def register_client(self, client: ClientRecord) -> None:
-        self._clients[client.client_id] = client
-
-    def unregister_client(self, client_id: str) -> None:
-        self._clients.pop(client_id, None)
 
     def recover(self) -> RecoveredState:
         subs = []

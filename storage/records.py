@@ -157,7 +157,19 @@ class ClearPending:
     seq: int
 
 
-SubUpdate = SaveSubscription | DeleteSubscription | SetLastSent | SetPending | ClearPending
+@attrs.frozen(slots=True)
+class SaveClient:
+    """Register (or re-register) a client."""
+
+    record: ClientRecord
+
+
+@attrs.frozen(slots=True)
+class DeleteClient:
+    client_id: str
+
+
+SubUpdate = SaveSubscription | DeleteSubscription | SetLastSent | SetPending | ClearPending | SaveClient | DeleteClient
 
 
 def net_effect(updates: Sequence[SubUpdate]) -> list[SubUpdate]:

@@ -51,6 +51,8 @@ _INLINE_APPLY = 2000  # updates per store call when the store runs on the Trio t
 # server, where latency matters more) stay on the worker, so their fsync never holds up the loop.
 _INLINE_STATE_WRITE = 256
 _FLUSH_HOLD_S = 0.2  # the longest subscription writes wait for a redelivery pass
+_RETRY_FIRST_S = 0.5  # after a refused state write (a full disk), the first retry; doubled up to
+_RETRY_MAX_S = 5.0
 T = TypeVar("T")
 
 
@@ -122,6 +124,14 @@ class EngineRuntime:
         self._expiry_passes = 0
         self._timer_fires = 0
         self._longest_chunk = 0.0
+        self._queued = 0  # generation of the queue: counts sync()s and queue_updates() that added to it
+        self._written = 0  # the generation the last write attempt took in
+        self._written_ok = True
+        self._write_done = trio.Event()  # set after every write attempt
+        self._urgent = False  # a caller waits for the next write (write_now): no linger before it
+        self._linger_scope: trio.CancelScope | None = None
+        self._retry_s = _RETRY_FIRST_S
+        self.write_error: StoreError | None = None  # while state writes fail (a full disk): the last error
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the timer tasks and the flusher until cancelled; then flush what is left."""
@@ -154,10 +164,35 @@ class EngineRuntime:
         if dead or updates:
             self._dead += dead
             self._updates += updates
+            self._queued += 1
             self._work.set()
             self._idle = trio.Event() if self._idle.is_set() else self._idle
         for sub_id in engine.take_timer_changes():
             self._arm(sub_id)
+
+    def queue_updates(self, updates: list[SubUpdate]) -> None:
+        """Queue state updates of the server's own (client records) behind the engine's, in order."""
+        self.sync()
+        self._updates += updates
+        self._queued += 1
+        self._work.set()
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+
+    async def write_now(self) -> bool:
+        """Write everything queued at once (no linger) and wait for it: True once it is stored; False
+        if the store refused (a full disk), in which case it stays queued and is written later."""
+        self.sync()
+        target = self._queued
+        if self._written >= target:
+            await trio.lowlevel.checkpoint()
+            return self._written_ok
+        self._urgent = True
+        self._work.set()
+        if self._linger_scope is not None:
+            self._linger_scope.cancel()
+        while self._written < target:
+            await self._write_done.wait()
+        return self._written_ok
 
     async def flush(self) -> None:
         """Wait until everything queued so far is written to the store."""
@@ -294,34 +329,60 @@ class EngineRuntime:
             # Group commit: every ack of a busy subscriber queues an update, and a transaction per
             # wake-up would be an fsync per ack, queueing on the disk beside the publish commits
             # that PubAcks and deliveries wait for. Nothing waits for these writes (a crash loses
-            # at most the last linger's worth, which only causes redeliveries), so they gather.
-            if self._linger > 0:
-                await trio.sleep(self._linger)
+            # at most the last linger's worth, which only causes redeliveries), so they gather;
+            # but for a caller of `write_now` (a connecting client), which cuts the linger short.
+            if self._linger > 0 and not self._urgent:
+                with trio.move_on_after(self._linger) as self._linger_scope:
+                    await trio.sleep_forever()
+                self._linger_scope = None
             # While a redelivery pass is under way its subscription writes wait for it (bounded):
             # a worker thread applying them takes the interpreter lock from the pass, and what
             # waits is written once (`net_effect`: a redelivery acked meanwhile is one delete).
-            if self._expired:
+            if self._expired and not self._urgent:
                 with trio.move_on_after(_FLUSH_HOLD_S):
                     await self._pass_done.wait()
             self._work = trio.Event()
-            if self._before_write is not None:
+            urgent, self._urgent = self._urgent, False
+            if self._before_write is not None and not urgent:
                 await self._before_write()
-            await self._write_queued()
+            taken = self._queued
+            ok = await self._write_queued()
+            self._written, self._written_ok = taken, ok
+            self._write_done.set()
+            self._write_done = trio.Event()
+            if not ok:
+                # The store refuses writes (a full disk): what failed is queued again, in order, and
+                # tried again later; meanwhile deliveries and acks go on in memory.
+                await trio.sleep(self._retry_s)
+                self._retry_s = min(self._retry_s * 2, _RETRY_MAX_S)
+                self._work.set()
+                continue
+            self._retry_s = _RETRY_FIRST_S
             if not (self._dead or self._updates):
                 self._idle.set()
 
     async def _drain(self) -> None:
         """Write everything queued, including what arrives meanwhile (shutdown)."""
         while self._dead or self._updates:
-            await self._write_queued()
+            if not await self._write_queued():
+                log.error(
+                    "%d subscription updates could not be written before stopping: after the restart, the "
+                    "messages they acknowledged may be delivered again",
+                    len(self._updates),
+                )
+                break
         self._idle.set()
 
-    async def _write_queued(self) -> None:
-        """Write one snapshot of the queue: dead letters, then the net effect of the updates."""
+    async def _write_queued(self) -> bool:
+        """Write one snapshot of the queue: dead letters, then the net effect of the updates. False if
+        the store refused: then nothing after the failure is written (order matters: a dead letter is
+        stored before the update that drops it from pending), and it is all queued again, first."""
         dead, self._dead = self._dead, []
-        if dead:
-            await self._publish_dead_letters(dead)
         updates, self._updates = net_effect(self._updates), []
+        if dead and not await self._publish_dead_letters(dead):
+            self._dead = dead + self._dead
+            self._updates = updates + self._updates
+            return False
         # On a worker thread one transaction takes the lot; on the Trio thread slices keep the
         # loop responsive (each slice is still applied in order, so the result is the same).
         in_thread = self._store_in_thread and len(updates) < _INLINE_STATE_WRITE
@@ -329,13 +390,31 @@ class EngineRuntime:
         for start in range(0, len(updates), step or 1):
             try:
                 await call_store(partial(self.store.apply, updates[start : start + step]), in_thread=in_thread)
-            except StoreError:
-                # Losing these only causes redeliveries; later updates carry on from fresh state.
-                log.exception("could not write %d subscription updates", len(updates[start : start + step]))
+            except StoreError as exc:
+                self._updates = updates[start:] + self._updates
+                self._failed(exc)
+                return False
+        self._recovered()
+        return True
 
-    async def _publish_dead_letters(self, dead: list[DeadLetter]) -> None:
-        # Published before the updates that drop them from pending, so a crash in between
-        # can only repeat a dead letter, never lose one.
+    def _failed(self, exc: StoreError) -> None:
+        if self.write_error is None:
+            log.error(
+                "subscription state cannot be written (%s): positions, acks and client registrations are "
+                "kept in memory and written when the store takes them again; a crash meanwhile can only "
+                "cause redeliveries",
+                exc,
+            )
+        self.write_error = exc
+
+    def _recovered(self) -> None:
+        if self.write_error is not None:
+            log.info("subscription state is written again")
+            self.write_error = None
+
+    async def _publish_dead_letters(self, dead: list[DeadLetter]) -> bool:
+        """Store dead letters (False if the store refused). They go before the updates that drop
+        them from pending, so a crash in between can only repeat a dead letter, never lose one."""
         messages = []
         for letter in dead:
             try:
@@ -343,11 +422,18 @@ class EngineRuntime:
             except ChannelError as exc:
                 log.error("dead letter of %s seq %d dropped: %s", letter.origin_channel, letter.seq, exc)
                 continue
+            except StoreError as exc:
+                self._failed(exc)
+                return False
             messages.append(NewMessage(letter.channel, dead_letter_payload(letter)))
         if not messages:
-            return
+            return True
         started = time.perf_counter()
-        result = await self._call(partial(self.store.append, messages))
+        try:
+            result = await self._call(partial(self.store.append, messages))
+        except StoreError as exc:
+            self._failed(exc)
+            return False
         if self._observer is not None:
             self._observer.on_commit(time.perf_counter() - started, len(messages))
             for message, (seq, _) in zip(messages, result.assigned, strict=True):
@@ -358,6 +444,7 @@ class EngineRuntime:
         for channel in {m.channel for m in messages}:
             self.engine.on_appended(channel, now)
         self.sync()
+        return True
 
     async def _call(self, fn: Callable[[], T]) -> T:
         return await call_store(fn, in_thread=self._store_in_thread)

@@ -35,6 +35,7 @@ from storage import AppendResult, ChannelError, Message, NewMessage, Store, Stor
 from streaming.engine import Engine
 from streaming.observers import ServerObserver
 from streaming.runtime import EngineRuntime, call_store
+from streaming.stan import errors as stan_errors
 from streaming.stan.pb import protocol_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ class Publisher:
         self._last_sender: str | None = None  # ack subject (one per connection) of the latest publish
         self._shared_at = -_SHARED_WINDOW_S  # when the latest publish came from another connection
         self.commits = 0
+        self.refused_by_store = 0  # publishes refused since the store last took a commit
         self.inline_commits = 0
         self.largest_batch = 0
 
@@ -260,9 +262,15 @@ class Publisher:
         """Deliveries first, then every publisher's PubAck (or error), in arrival order."""
         errors: dict[int, str] = {}
         if isinstance(outcome, StoreError):
-            log.error("could not store %d messages: %s", len(accepted), outcome)
-            errors = {id(p): f"stan: store error: {outcome}" for p in accepted}
+            # Once per failing spell (a full disk refuses every commit until space returns).
+            if not self.refused_by_store:
+                log.error("publishes are refused: %s", outcome)
+            self.refused_by_store += len(accepted)
+            errors = {id(p): stan_errors.store_error(outcome) for p in accepted}
         elif outcome is not None:
+            if self.refused_by_store:
+                log.info("publishes are stored again (%d refused meanwhile)", self.refused_by_store)
+                self.refused_by_store = 0
             if self._observer is not None:
                 self._observer.on_commit(time.perf_counter() - started, len(accepted))
             self._announce(accepted, outcome)
@@ -334,7 +342,8 @@ class Publisher:
             except ChannelError as exc:
                 refused[name] = str(exc)
             except StoreError as exc:
-                refused[name] = f"stan: store error: {exc}"
+                log.error("could not create channel %r: %s", name, exc)
+                refused[name] = stan_errors.store_error(exc)
         return refused
 
     async def _call(self, fn: Callable[[], T]) -> T:

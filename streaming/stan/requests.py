@@ -12,6 +12,7 @@ import re
 
 from google.protobuf.message import DecodeError, Message
 
+from storage.base import MAX_NAME_BYTES
 from storage.records import StartPosition, SubOptions
 from streaming.engine import SubscribeRequest
 from streaming.stan import errors
@@ -29,7 +30,7 @@ class InvalidRequest(Exception):
 
 
 def valid_client_id(client_id: str) -> bool:
-    return _CLIENT_ID.match(client_id) is not None
+    return _CLIENT_ID.match(client_id) is not None and len(client_id) <= MAX_NAME_BYTES  # ASCII: one byte each
 
 
 _CHANNEL = re.compile(r"[^./*>\s]+(\.[^./*>\s]+)*")
@@ -39,8 +40,8 @@ _CHANNEL = re.compile(r"[^./*>\s]+(\.[^./*>\s]+)*")
 # publish (7.8-7.9 -> 7.4-7.6 us over 300,000 pipelined publishes, four runs each way).
 @functools.lru_cache(maxsize=4096)
 def valid_channel(name: str) -> bool:
-    """A channel name: a literal NATS subject without `/` (spec §3.4 step 2)."""
-    return _CHANNEL.fullmatch(name) is not None
+    """A channel name: a literal NATS subject without `/` (spec §3.4 step 2), of at most MAX_NAME_BYTES."""
+    return _CHANNEL.fullmatch(name) is not None and len(name.encode()) <= MAX_NAME_BYTES
 
 
 def parse(message_type: type[Message], payload: bytes, error: str) -> Message:
@@ -55,6 +56,8 @@ def parse_connect(payload: bytes) -> pb.ConnectRequest:
     assert isinstance(request, pb.ConnectRequest)
     if not request.heartbeatInbox:
         raise InvalidRequest(errors.INVALID_CONNECT)
+    if len(request.clientID) > MAX_NAME_BYTES:
+        raise InvalidRequest(errors.CLIENT_ID_TOO_LONG)
     if not valid_client_id(request.clientID):
         raise InvalidRequest(errors.INVALID_CLIENT_ID)
     return request
@@ -92,6 +95,8 @@ def parse_subscribe(payload: bytes, ack_inbox: str, *, ms_mode: bool = False) ->
         raise InvalidRequest(errors.INVALID_MAX_INFLIGHT)
     if not 0 <= request.startPosition <= 4:
         raise InvalidRequest(errors.INVALID_START)
+    if len(request.subject.encode()) > MAX_NAME_BYTES:
+        raise InvalidRequest(errors.SUBJECT_TOO_LONG)
     if not valid_channel(request.subject):
         raise InvalidRequest(errors.INVALID_SUBJECT)
     if not request.inbox:

@@ -31,7 +31,16 @@ from typing import TypeVar
 import attrs
 import trio
 
-from storage import ChannelError, ClientRecord, DamagedStoreError, RecoveredState, Store, StoreError
+from storage import (
+    ChannelError,
+    ClientRecord,
+    DamagedStoreError,
+    DeleteClient,
+    RecoveredState,
+    SaveClient,
+    Store,
+    StoreError,
+)
 from storage.integrity import beyond_channels
 from streaming.engine import Delivery, Engine, Observer, RequestError
 from streaming.nats.broker import Broker
@@ -362,13 +371,11 @@ class StanServer:
         if record.conn_id:
             self._conn_ids[record.conn_id] = client_id
         self.engine.add_client(client_id)
-        try:
-            await self._call(partial(self.store.register_client, record))
-        except StoreError as exc:
-            log.error("could not register client %r: %s", client_id, exc)
-            await self._close_client(client)
-            self._respond(reply, pb.ConnectResponse(error=f"stan: store error: {exc}"))
-            return
+        # Stored before the answer, unless the store refuses writes (a full disk): the client is
+        # served from memory then, and its record is written with the rest of the state once it can.
+        self.runtime.queue_updates([SaveClient(record)])
+        if not await self.runtime.write_now():
+            log.warning("client %r is served, but its registration waits for the store to take writes", client_id)
         if self._nursery is not None:
             self._nursery.start_soon(self._heartbeat, client)
         response = pb.ConnectResponse(
@@ -394,11 +401,8 @@ class StanServer:
         self._conn_ids.pop(client.record.conn_id, None)
         client.scope.cancel()
         self.engine.client_closed(client_id, trio.current_time())
-        self.runtime.sync()
-        try:
-            await self._call(partial(self.store.unregister_client, client_id))
-        except StoreError as exc:
-            log.error("could not unregister client %r: %s", client_id, exc)
+        self.runtime.queue_updates([DeleteClient(client_id)])
+        await trio.lowlevel.checkpoint()
 
     def _on_close(self, subject: str, reply: str, payload: bytes) -> Awaitable[None]:
         return self._close(reply, payload)
@@ -529,7 +533,7 @@ class StanServer:
             return
         except StoreError as exc:
             log.error("subscribe failed: %s", exc)
-            self._respond(reply, pb.SubscriptionResponse(error=f"stan: store error: {exc}"))
+            self._respond(reply, pb.SubscriptionResponse(error=errors.store_error(exc)))
             return
         # The response goes out before any message of this subscription (§3.5): sync() comes after.
         self._respond(reply, pb.SubscriptionResponse(ackInbox=ack_inbox))
