@@ -151,6 +151,7 @@ class ServerConfig:
     write_deadline: Duration = Duration(10.0)
     ping_interval: Duration = Duration(120.0)
     max_pings_out: int = 2
+    connect_timeout: Duration = Duration(2.0)  # a connection must send CONNECT this soon (0: no limit)
     ack_wait_ms: bool = False  # test-only: a negative ackWaitInSecs means milliseconds
     log_level: str = "info"
     event_log: str = ""  # directory for the delivery event log (JSON Lines); empty = off
@@ -168,6 +169,8 @@ class ServerConfig:
         for name in _POSITIVE_DURATIONS:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.connect_timeout < 0:
+            raise ConfigError(f"connect_timeout must be >= 0 (0: no limit), got {self.connect_timeout}")
         if self.hb_fail_count < 0 or self.max_payload <= 0 or self.max_pending <= 0:
             raise ConfigError("hb_fail_count must be >= 0; max_payload and max_pending must be positive")
         self.store_limits()

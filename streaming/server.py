@@ -47,6 +47,7 @@ def broker_config(config: ServerConfig) -> BrokerConfig:
         write_deadline_s=config.write_deadline,
         ping_interval_s=config.ping_interval,
         max_pings_out=config.max_pings_out,
+        connect_timeout_s=config.connect_timeout,
     )
 
 

@@ -20,8 +20,10 @@ and a checkpoint after each, so other connections' writers are not starved meanw
 from __future__ import annotations
 
 import collections
+import errno
 import itertools
 import logging
+import os
 import secrets
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -30,6 +32,7 @@ from typing import Any
 import attrs
 import trio
 
+from streaming.memory import release_freed_memory
 from streaming.nats import protocol as p
 from streaming.nats.sockets import write_now
 from streaming.nats.subjects import Sublist, valid_literal, valid_subject
@@ -37,6 +40,10 @@ from streaming.nats.subjects import Sublist, valid_literal, valid_subject
 log = logging.getLogger(__name__)
 _EVENTS_PER_STEP = 128  # events handled from one read before the reader lets other tasks run
 _READ_SIZE = 65536
+# accept() failing for want of descriptors or memory: retry after this, doubled up to the maximum.
+_ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+_ACCEPT_RETRY_FIRST_S = 0.1
+_ACCEPT_RETRY_MAX_S = 1.0
 
 Handler = Callable[[str, str, bytes], Awaitable[None] | None]
 _NO_WAITS: list[Awaitable[None]] = []  # shared and never appended to
@@ -53,6 +60,7 @@ class BrokerConfig:
     write_deadline_s: float = 10.0
     ping_interval_s: float = 120.0
     max_pings_out: int = 2
+    connect_timeout_s: float = 2.0  # a connection must send CONNECT this soon (0: no limit)
     server_name: str = "streaming-server"
 
 
@@ -107,8 +115,11 @@ class Connection:
         self.has_data = trio.Event()
         self.flushed = trio.Event()  # set by the writer once a closing connection's last bytes went out
         self.writing = False  # the writer is inside a send_all: nothing may be written past it
+        self.partial = False  # the socket took part of a message: the writer still owes it the rest
         self.held = False  # queued bytes wait for the end of the broker's `holding_writes` block
         self.closing = False
+        self.abort = False  # close at once, without waiting for queued bytes to go out (a slow consumer)
+        self.connected = trio.Event()  # CONNECT received
         self.verbose = False
         self.pedantic = False
         self.echo = True
@@ -133,7 +144,7 @@ class Connection:
             )
             self.out.clear()
             self.pending_bytes = 0
-            self.fail(p.SLOW_CONSUMER)
+            self.drop(p.SLOW_CONSUMER)
             return
         if self.broker.holding:
             if not self.held:
@@ -157,6 +168,7 @@ class Connection:
             self.out.clear()
             self.pending_bytes = 0
             return
+        self.partial = sent > 0
         self.out[:] = [data[sent:]]
         self.pending_bytes = len(data) - sent
         self.has_data.set()
@@ -171,6 +183,19 @@ class Connection:
         if self.reader_scope is not None:
             self.reader_scope.cancel()
 
+    def drop(self, text: str) -> None:
+        """Close this connection now, with what is queued: its socket is not taking it. The `-ERR` is
+        written only if the socket takes it at once and no write is under way (it would land in the
+        middle of a message): best effort, as nats-server's."""
+        if self.closing:
+            return
+        if not (self.writing or self.partial):
+            write_now(self.stream, p.encode_err(text))
+        self.closing = self.abort = True
+        self.has_data.set()
+        if self.reader_scope is not None:
+            self.reader_scope.cancel()
+
 
 class Broker:
     def __init__(self, config: BrokerConfig | None = None) -> None:
@@ -181,6 +206,7 @@ class Broker:
         self._conns: dict[int, Connection] = {}
         self._cids = itertools.count(1)
         self._batch_hooks: list[Callable[[], None]] = []
+        self._close_hooks: list[Callable[[list[str]], None]] = []
         self.reading = False  # a reader is handling a span: the batch hooks run before it yields
         self.more_input = False  # for the hooks: that reader has more to handle (unparsed, or a full read)
         self.holding = 0  # depth of `holding_writes` blocks
@@ -207,6 +233,10 @@ class Broker:
 
     def add_batch_hook(self, hook: Callable[[], None]) -> None:
         self._batch_hooks.append(hook)
+
+    def add_close_hook(self, hook: Callable[[list[str]], None]) -> None:
+        """`hook(subjects)` runs when a connection is gone, with the subjects it had subscribed to."""
+        self._close_hooks.append(hook)
 
     @contextmanager
     def holding_writes(self) -> Iterator[None]:
@@ -300,8 +330,34 @@ class Broker:
         log.info("listening for NATS clients on %s:%d", self.config.host, self.port)
         async with trio.open_nursery() as nursery:
             for listener in listeners:
-                nursery.start_soon(trio.serve_listeners, self._handle, [listener])
+                nursery.start_soon(self._accept, listener, nursery)
             task_status.started(self.port)
+
+    async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        """Accept connections; when the process is out of file descriptors (or memory for sockets),
+        say so once, keep serving the connections there are, and try again, less often each time."""
+        delay, refused = _ACCEPT_RETRY_FIRST_S, 0
+        async with listener:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    if not refused:
+                        log.error(
+                            "cannot accept connections: %s (the process's file-descriptor limit?); serving the "
+                            "connections there are, retrying",
+                            os.strerror(exc.errno or 0),
+                        )
+                    refused += 1
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, _ACCEPT_RETRY_MAX_S)
+                    continue
+                if refused:
+                    log.info("accepting connections again (after %d refused attempts)", refused)
+                    delay, refused = _ACCEPT_RETRY_FIRST_S, 0
+                nursery.start_soon(self._handle, stream)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         try:
@@ -324,17 +380,23 @@ class Broker:
                     await self._reader(conn)
                 conn.closing = True
                 conn.has_data.set()
-                # The writer sends what is queued (an -ERR, say); give it a moment.
-                with trio.move_on_after(1):
-                    await conn.flushed.wait()
+                if not conn.abort:
+                    # The writer sends what is queued (an -ERR, say); give it a moment.
+                    with trio.move_on_after(1):
+                        await conn.flushed.wait()
                 nursery.cancel_scope.cancel()
         finally:
             del self._conns[conn.cid]
+            subjects = [sub.subject for sub in conn.subs.values()]
             for sub in list(conn.subs.values()):
                 self._sublist.remove(sub)
             conn.subs.clear()
+            conn.out.clear()
             with trio.move_on_after(1, shield=True):
                 await trio.aclose_forcefully(stream)
+            for hook in self._close_hooks:
+                hook(subjects)
+            release_freed_memory()
 
     def _info(self, conn: Connection) -> dict[str, Any]:
         return {
@@ -362,7 +424,7 @@ class Broker:
                     conn.writing = True
                     with trio.move_on_after(self.config.write_deadline_s) as deadline:
                         await stream.send_all(data)
-                    conn.writing = False
+                    conn.writing = conn.partial = False
                     if deadline.cancelled_caught:
                         self.slow_consumers += 1
                         log.warning(
@@ -383,6 +445,13 @@ class Broker:
             conn.reader_scope.cancel()
 
     async def _pinger(self, conn: Connection) -> None:
+        if self.config.connect_timeout_s > 0:
+            with trio.move_on_after(self.config.connect_timeout_s):
+                await conn.connected.wait()
+            if not conn.connected.is_set():
+                log.info("connection %d (%s) sent no CONNECT: closing it", conn.cid, conn.remote)
+                conn.fail(p.AUTHENTICATION_TIMEOUT)
+                return
         while True:
             await trio.sleep(self.config.ping_interval_s)
             if conn.pings_out >= self.config.max_pings_out:
@@ -486,6 +555,7 @@ class Broker:
             if conn.verbose:
                 conn.send(p.OK_BYTES)
         elif isinstance(event, p.Connect):
+            conn.connected.set()
             conn.verbose = event.verbose
             conn.pedantic = event.pedantic
             conn.echo = event.echo

@@ -51,6 +51,7 @@ INVALID_SUBJECT: Final = "Invalid Subject"
 INVALID_PUBLISH_SUBJECT: Final = "Invalid Publish Subject"
 SLOW_CONSUMER: Final = "Slow Consumer"
 STALE_CONNECTION: Final = "Stale Connection"
+AUTHENTICATION_TIMEOUT: Final = "Authentication Timeout"  # no CONNECT in time (nats-server's words)
 
 
 class Event:

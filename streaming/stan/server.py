@@ -135,6 +135,7 @@ class StanServer:
         self._replies: dict[str, trio.MemorySendChannel[bytes]] = {}
         self._clients: dict[str, _Client] = {}
         self._conn_ids: dict[bytes, str] = {}
+        self._by_hb_inbox: dict[str, _Client] = {}
         self.refused: collections.Counter[str] = collections.Counter()  # refused requests by kind
         self._dirty = False
         self._nursery: trio.Nursery | None = None
@@ -170,7 +171,7 @@ class StanServer:
             hold=self.broker.holding_writes,
         )
         for record in state.clients:
-            self._clients[record.client_id] = _Client(record)
+            self._clients[record.client_id] = self._by_hb_inbox[record.hb_inbox] = _Client(record)
             if record.conn_id:
                 self._conn_ids[record.conn_id] = record.client_id
         held = [s for s in state.subscriptions if s.pending and s.record.client_id in self._clients]
@@ -237,6 +238,7 @@ class StanServer:
         b.subscribe(f"{self.ack_prefix}.*", self._on_ack)
         b.subscribe(f"{self._reply_prefix}.*", self._on_reply)
         b.add_batch_hook(self._after_batch)
+        b.add_close_hook(self._on_connection_closed)
 
     def clients(self) -> list[ClientRecord]:
         """The registered clients (for monitoring)."""
@@ -367,7 +369,7 @@ class StanServer:
             request.pingInterval,
             request.pingMaxOut,
         )
-        client = self._clients[client_id] = _Client(record)
+        client = self._clients[client_id] = self._by_hb_inbox[record.hb_inbox] = _Client(record)
         if record.conn_id:
             self._conn_ids[record.conn_id] = client_id
         self.engine.add_client(client_id)
@@ -399,6 +401,8 @@ class StanServer:
             return
         del self._clients[client_id]
         self._conn_ids.pop(client.record.conn_id, None)
+        if self._by_hb_inbox.get(client.record.hb_inbox) is client:
+            del self._by_hb_inbox[client.record.hb_inbox]
         client.scope.cancel()
         self.engine.client_closed(client_id, trio.current_time())
         self.runtime.queue_updates([DeleteClient(client_id)])
@@ -431,7 +435,13 @@ class StanServer:
                 with trio.move_on_after(cfg.hb_interval_s):
                     await client.poke.wait()
                 client.poke = trio.Event()
-                answer = await self._request(client.record.hb_inbox, b"", cfg.hb_timeout_s)
+                hb_inbox = client.record.hb_inbox
+                if not self.broker.has_interest(hb_inbox):
+                    # Gone with its connection, or reconnecting: it has as long to come back as a
+                    # heartbeat has to be answered.
+                    with trio.move_on_after(cfg.hb_timeout_s):
+                        await self.broker.wait_interest([hb_inbox])
+                answer = await self._request(hb_inbox, b"", cfg.hb_timeout_s)
                 now = trio.current_time()
                 if answer is not None:
                     if client.failures:
@@ -447,6 +457,16 @@ class StanServer:
                     log.info("client %r missed %d heartbeats: closing it", client_id, client.failures)
                     break
         await self._close_client(client)
+
+    def _on_connection_closed(self, subjects: list[str]) -> None:
+        """A client whose heartbeat inbox went with a connection is checked now, not at its next
+        heartbeat: when it does not answer, its subscriptions stop receiving at once, and what its
+        queue members hold goes to the other members when its AckWait ends (a slow consumer cut off by
+        the broker, a crashed process). It is closed after its heartbeats keep failing, as any client."""
+        for subject in subjects:
+            client = self._by_hb_inbox.get(subject)
+            if client is not None and not self.broker.has_interest(subject):
+                client.poke.set()
 
     def _on_ping(self, subject: str, reply: str, payload: bytes) -> None:
         if not payload or not reply:

@@ -101,7 +101,10 @@ async def test_random_bytes_never_hurt_other_clients() -> None:
             assert await bystander.next() == p.PONG
 
 
-async def test_slow_consumer_is_cut_off_and_nobody_else_notices() -> None:
+async def test_slow_consumer_is_cut_off_at_once_and_nobody_else_notices() -> None:
+    """A subscriber that stops reading: once its pending bytes pass the limit the connection is closed
+    there and then (its socket is full, so nothing queued behind it, not even the -ERR, would go out),
+    while the publisher and the other subscriber carry on."""
     async with running(config(max_pending=1024 * 1024)) as server:
         slow = await RawClient.open(server.port)  # subscribes, then never reads
         await slow.send(b"SUB firehose 1\r\nPING\r\n")
@@ -128,9 +131,22 @@ async def test_slow_consumer_is_cut_off_and_nobody_else_notices() -> None:
                 assert await publisher.next() == p.PONG
         assert received == [count]
         assert server.broker.statistics().slow_consumers == 1
+        assert server.broker.statistics().connections == 2, "the slow one is gone while the others are served"
         events = await slow.until_closed()
-        assert events[-1] == p.Err("Slow Consumer")
         assert sum(isinstance(e, p.Msg) for e in events) < count
+
+
+async def test_a_burst_past_the_limit_gets_the_error_when_the_socket_takes_it() -> None:
+    """Past the limit in one go, onto a socket with room: the -ERR goes out before the close."""
+    async with running(config(max_pending=64 * 1024)) as server:
+        burst = await RawClient.open(server.port)
+        await burst.send(b"SUB big 1\r\nPING\r\n")
+        assert await burst.next() == p.PONG
+        publisher = await RawClient.open(server.port)
+        await publisher.send(b"PUB big 100000\r\n" + bytes(100_000) + b"\r\nPING\r\n")
+        assert await publisher.next() == p.PONG
+        with trio.fail_after(5):
+            assert await burst.until_closed() == [p.Err("Slow Consumer")]
 
 
 async def test_a_long_read_is_handled_in_slices() -> None:

@@ -1,0 +1,40 @@
+"""Giving freed memory back to the operating system.
+
+glibc keeps the memory of freed large buffers (a connection's half-received 1 MB message, a slow
+consumer's pending output) in its heap for later use: 100 connections that each leave one behind
+keep ~100 MB of resident memory after they are gone. `malloc_trim` returns it; here it costs about
+0.1 ms with a 100 MB heap. Elsewhere than glibc this does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import time
+from collections.abc import Callable
+
+_TRIM_EVERY_S = 1.0
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
+
+
+_trim = _malloc_trim()
+_last = 0.0
+
+
+def release_freed_memory() -> None:
+    """Return freed heap memory to the system (at most once a second; a no-op without glibc)."""
+    global _last
+    now = time.monotonic()
+    if _trim is not None and now - _last >= _TRIM_EVERY_S:
+        _last = now
+        _trim(0)
