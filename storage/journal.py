@@ -113,15 +113,19 @@ class JournalFile:
         inside it does not have to flush the file's metadata too."""
         if size <= self.allocated:
             return
-        size = max(size, self.allocated + min(max(self.allocated, _FIRST_SIZE), _MAX_GROWTH))
+        grown = max(size, self.allocated + min(max(self.allocated, _FIRST_SIZE), _MAX_GROWTH))
         try:
-            os.posix_fallocate(self.fd, 0, size)
+            os.posix_fallocate(self.fd, 0, grown)
         except OSError as exc:
-            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                raise  # ENOSPC above all: a sparse file would only fail later, in the middle of a write
-            os.ftruncate(self.fd, size)  # a filesystem without fallocate: extend by hand
+            if exc.errno == errno.ENOSPC and grown > size:
+                grown = size  # a nearly full disk: what this record needs may still fit
+                os.posix_fallocate(self.fd, 0, grown)
+            elif exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                os.ftruncate(self.fd, grown)  # a filesystem without fallocate: extend by hand
+            else:
+                raise  # a sparse file would only fail later, in the middle of a write
         os.fsync(self.fd)
-        self.allocated = size
+        self.allocated = grown
 
     def scan(self, checkpointed: int, seed: Seed) -> FileScan:
         """The valid records at the start of the file (see the module docstring); raises

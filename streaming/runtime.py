@@ -131,6 +131,7 @@ class EngineRuntime:
         self._urgent = False  # a caller waits for the next write (write_now): no linger before it
         self._linger_scope: trio.CancelScope | None = None
         self._retry_s = _RETRY_FIRST_S
+        self._retry_scope: trio.CancelScope | None = None
         self.write_error: StoreError | None = None  # while state writes fail (a full disk): the last error
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -177,6 +178,12 @@ class EngineRuntime:
         self._queued += 1
         self._work.set()
         self._idle = trio.Event() if self._idle.is_set() else self._idle
+
+    def store_writable(self) -> None:
+        """The store took a write again (a publish commit after refusals): retry the state now."""
+        if self._retry_scope is not None:
+            self._retry_s = _RETRY_FIRST_S
+            self._retry_scope.cancel()
 
     async def write_now(self) -> bool:
         """Write everything queued at once (no linger) and wait for it: True once it is stored; False
@@ -352,8 +359,11 @@ class EngineRuntime:
             self._write_done = trio.Event()
             if not ok:
                 # The store refuses writes (a full disk): what failed is queued again, in order, and
-                # tried again later; meanwhile deliveries and acks go on in memory.
-                await trio.sleep(self._retry_s)
+                # tried again later (or as soon as `store_writable` says a commit went through);
+                # meanwhile deliveries and acks go on in memory.
+                with trio.move_on_after(self._retry_s) as self._retry_scope:
+                    await trio.sleep_forever()
+                self._retry_scope = None
                 self._retry_s = min(self._retry_s * 2, _RETRY_MAX_S)
                 self._work.set()
                 continue

@@ -327,6 +327,15 @@ class Engine:
         self._pump_sub(sub, now)
         return sub.record.sub_id
 
+    def creates_durable(self, request: SubscribeRequest) -> bool:
+        """Whether `subscribe(request)` would make a durable (or durable queue group) that does not exist."""
+        if not request.durable_name:
+            return False
+        if request.queue_group:
+            group = self._groups.get(request.channel, {}).get(_group_key(request.durable_name, request.queue_group))
+            return group is None
+        return (request.client_id, request.channel, request.durable_name) not in self._durables
+
     def _check_room(self, channel: str) -> None:
         max_subs = self.store.limits.max_subs
         if max_subs > 0 and len(self._by_channel.get(channel, ())) >= max_subs:

@@ -271,6 +271,7 @@ class Publisher:
             if self.refused_by_store:
                 log.info("publishes are stored again (%d refused meanwhile)", self.refused_by_store)
                 self.refused_by_store = 0
+                self._runtime.store_writable()
             if self._observer is not None:
                 self._observer.on_commit(time.perf_counter() - started, len(accepted))
             self._announce(accepted, outcome)

@@ -40,6 +40,7 @@ from storage import (
     SaveClient,
     Store,
     StoreError,
+    StoreFullError,
 )
 from storage.integrity import beyond_channels
 from streaming.engine import Delivery, Engine, Observer, RequestError
@@ -239,6 +240,10 @@ class StanServer:
         b.subscribe(f"{self._reply_prefix}.*", self._on_reply)
         b.add_batch_hook(self._after_batch)
         b.add_close_hook(self._on_connection_closed)
+
+    def store_refusing_writes(self) -> bool:
+        """The store refused the last write it was given (a full disk): the server serves from memory."""
+        return self.runtime.write_error is not None or self.publisher.refused_by_store > 0
 
     def clients(self) -> list[ClientRecord]:
         """The registered clients (for monitoring)."""
@@ -547,6 +552,9 @@ class StanServer:
                     await self._call(partial(self.store.ensure_channel, request.channel))
             except ChannelError as exc:  # too many channels, a name clashing in case
                 raise RequestError(str(exc)) from exc
+            if self.store_refusing_writes() and self.engine.creates_durable(request):
+                # It could not be made durable: a crash would lose it, and with it its position.
+                raise RequestError(errors.store_error(StoreFullError("new durable subscription")))
             sub_id = self.engine.subscribe(request, trio.current_time(), time.time_ns())
         except (InvalidRequest, RequestError) as exc:
             self._respond(reply, pb.SubscriptionResponse(error=str(exc)))
