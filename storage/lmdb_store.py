@@ -1022,7 +1022,12 @@ class LmdbStore(Store):
                 subs.append(RecoveredSubscription(attrs.evolve(record, last_sent=position), own))
             return RecoveredState(self._server, self.channels(), clients, subs)
 
-        return self._state.read(load)
+        try:
+            return self._state.read(load)
+        except DamagedStoreError:
+            raise
+        except IntegrityError as exc:  # a record that does not decode: the file is damaged
+            raise DamagedStoreError(f"{self._state.path / 'data.mdb'}: {exc}") from exc
 
     def statistics(self) -> StoreStatistics:
         """Messages not yet checkpointed count as the journal bytes that hold them."""
