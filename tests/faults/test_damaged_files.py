@@ -66,11 +66,11 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, frozenset[
 # -- ways to damage a store ------------------------------------------------------------------------
 
 
-def flip(relative: str, at: Callable[[bytes], int], count: int = 1) -> Damage:
+def flip(relative: str, at: Callable[[bytes], int] | int, count: int = 1) -> Damage:
     def damage(directory: Path) -> str:
         path = directory / relative
         raw = bytearray(path.read_bytes())
-        start = at(bytes(raw))
+        start = at if isinstance(at, int) else at(bytes(raw))
         for i in range(start, min(start + count, len(raw))):
             raw[i] ^= 0xA5
         path.write_bytes(bytes(raw))
@@ -156,7 +156,7 @@ def _random_journal_flips(seed: int, count: int) -> list[Damage]:
                 raw = (directory / name).read_bytes()
                 if payload(699) in raw:
                     end = raw.index(payload(699)) + len(payload(699))
-                    return flip(name, lambda _, at=int(fraction * end): at)(directory)
+                    return flip(name, int(fraction * end))(directory)
             raise AssertionError("no journal file holds the newest messages")
 
         return damage
