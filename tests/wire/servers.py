@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -106,6 +106,7 @@ class ServerProcess:
     proc: subprocess.Popen[str] | None = None
     port: int = 0
     log: list[str] = attrs.Factory(list)
+    preexec: Callable[[], None] | None = None  # run in the child before the server (resource limits)
 
     def start(self, timeout: float = 20.0) -> ServerProcess:
         self.log = []
@@ -115,6 +116,7 @@ class ServerProcess:
             stdout=subprocess.DEVNULL,
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=self.preexec,
         )
         found = threading.Event()
 
