@@ -155,7 +155,7 @@ def _copy(source: Path, target: Path) -> None:
 
 def main(examples: int) -> None:
     logging.disable(logging.CRITICAL)  # a full disk makes the store log at every step: the example is what counts
-    run_state_machine_as_test(
+    run_state_machine_as_test(  # type: ignore[no-untyped-call]
         DiskFullMachine,
         settings=settings(
             max_examples=examples,
