@@ -16,6 +16,7 @@ re-acknowledged, so the server stops sending them) instead of reaching the appli
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import secrets
@@ -482,7 +483,12 @@ class StanClient:
             yield sub
         finally:
             if not self.closed and not sub._closed:
-                with trio.move_on_after(self.request_timeout_s, shield=True):
+                # Best effort when the connection is already gone (the block was cancelled, say):
+                # the server ends the subscription with the client then.
+                with (
+                    trio.move_on_after(self.request_timeout_s, shield=True),
+                    contextlib.suppress(ConnectionClosedError),
+                ):
                     await (sub.close() if close_on_exit else sub.unsubscribe())
 
     async def open_subscription(
