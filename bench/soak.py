@@ -21,6 +21,7 @@ import json
 import math
 import os
 import random
+import shlex
 import subprocess
 import sys
 import time
@@ -288,7 +289,12 @@ async def _probe(port: int, minutes: float) -> None:
             await stream.send_all(b"PING\r\n")
             data = b""
             while b"PONG" not in data:
-                data += await stream.receive_some(4096)
+                chunk = await stream.receive_some(4096)
+                if not chunk:
+                    raise EOFError("the server closed the probe's connection")
+                data += chunk
+                if b"PING" in chunk:  # the server's own keepalive: answered, or it closes us as stale
+                    await stream.send_all(b"PONG\r\n")
             rtts.append(time.monotonic() - started)
             await trio.sleep(0.05)
 
@@ -344,6 +350,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=20)
     parser.add_argument("--clients", type=int, default=1000)
     parser.add_argument("--plot", help="write RSS and p99 latency over time to this PNG")
+    parser.add_argument("--server_args", default="", help="more server flags, e.g. '--file_sync=false'")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--role", choices=["load", "probe"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -373,7 +380,8 @@ def _drive(args: argparse.Namespace) -> None:
     http_port = peers.free_port()
     work = Path(tempfile.mkdtemp(prefix="soak-"))
     rows: list[dict[str, Any]] = []
-    with peers.ours("-m", str(http_port), "--max_channels", "0", "--max_subs", "0", data=work) as server:
+    extra = shlex.split(args.server_args)
+    with peers.ours("-m", str(http_port), "--max_channels", "0", "--max_subs", "0", *extra, data=work) as server:
         proc = psutil.Process(server.pid)
         out = work / "load.json"
         me = [sys.executable, __file__, "--port", str(server.port), "--minutes", str(args.minutes)]

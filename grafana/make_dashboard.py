@@ -211,6 +211,15 @@ ROWS: list[tuple[str, list[tuple[str, str, str, list[tuple[str, str]]]]]] = [
                 [("streaming_store_used_bytes / streaming_store_map_size_bytes", "{{env}}")],
             ),
             (
+                "Store takes writes (0: disk full, served from memory) / damaged messages found",
+                "timeseries",
+                "short",
+                [
+                    ('streaming_store_writable{job=~"$job"}', "writable"),
+                    ('streaming_store_damaged_messages{job=~"$job"}', "damaged messages"),
+                ],
+            ),
+            (
                 "Group commit p99",
                 "timeseries",
                 "s",

@@ -222,6 +222,16 @@ class _StateCollector(Collector):
         mapped.add_metric(["state"], stats.state_map_size_bytes)
         yield used
         yield mapped
+        writable = GaugeMetricFamily(
+            f"{PREFIX}_store_writable", "1 while the store takes writes, 0 while it refuses them (a full disk)"
+        )
+        writable.add_metric([], 0 if stan.store_write_error() is not None else 1)
+        yield writable
+        damaged = GaugeMetricFamily(
+            f"{PREFIX}_store_damaged_messages", "Stored messages found failing their checksum when read (skipped)"
+        )
+        damaged.add_metric([], stats.damaged_messages)
+        yield damaged
 
         yield CounterMetricFamily(
             f"{PREFIX}_slow_consumer_disconnects",

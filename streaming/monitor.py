@@ -168,6 +168,7 @@ class Monitor:
         limits = store.limits
         channels = store.channels()
         stats = store.statistics()
+        error = self.running.stan.store_write_error()
         return JSONResponse(
             {
                 **self._head(),
@@ -187,6 +188,11 @@ class Monitor:
                 "messages_map_size_bytes": stats.messages_map_size_bytes,
                 "state_used_bytes": stats.state_used_bytes,
                 "state_map_size_bytes": stats.state_map_size_bytes,
+                # A full disk: publishes, new channels and new durables are refused, the rest is served
+                # from memory and written when the store takes writes again.
+                "writable": error is None,
+                "write_error": None if error is None else str(error),
+                "damaged_messages": stats.damaged_messages,  # found failing their checksum when read
             }
         )
 

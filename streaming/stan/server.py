@@ -22,6 +22,7 @@ import collections
 import contextlib
 import logging
 import math
+import random
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -137,6 +138,7 @@ class StanServer:
         self._clients: dict[str, _Client] = {}
         self._conn_ids: dict[bytes, str] = {}
         self._by_hb_inbox: dict[str, _Client] = {}
+        self._jitter = random.Random()
         self.refused: collections.Counter[str] = collections.Counter()  # refused requests by kind
         self._dirty = False
         self._nursery: trio.Nursery | None = None
@@ -243,7 +245,11 @@ class StanServer:
 
     def store_refusing_writes(self) -> bool:
         """The store refused the last write it was given (a full disk): the server serves from memory."""
-        return self.runtime.write_error is not None or self.publisher.refused_by_store > 0
+        return self.store_write_error() is not None
+
+    def store_write_error(self) -> StoreError | None:
+        """Why the store refuses writes, while it does (publishes, or subscription state)."""
+        return self.publisher.store_error or self.runtime.write_error
 
     def clients(self) -> list[ClientRecord]:
         """The registered clients (for monitoring)."""
@@ -437,7 +443,10 @@ class StanServer:
         client_id = client.record.client_id
         with client.scope:
             while True:
-                with trio.move_on_after(cfg.hb_interval_s):
+                # +-10%: clients that connected together (a restart, a deploy) would otherwise be
+                # checked together every interval, a thousand requests in one scheduler batch: a
+                # 30-50 ms stall of the loop every 30 s in bench/soak.py; jittered, ~10 ms.
+                with trio.move_on_after(cfg.hb_interval_s * self._jitter.uniform(0.9, 1.1)):
                     await client.poke.wait()
                 client.poke = trio.Event()
                 hb_inbox = client.record.hb_inbox

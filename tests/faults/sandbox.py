@@ -55,6 +55,7 @@ class Sandbox:
         )
         self.mount = mount
         self.port = 0
+        self.http_port = 0  # with -m -1
 
     def call(self, op: str, **args: Any) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -73,6 +74,7 @@ class Sandbox:
         """Start the server on the small disk; returns {"port": ...} or {"exit": code, "log": [...]}."""
         answer = self.call("start", flags=list(flags))
         self.port = answer.get("port", 0)
+        self.http_port = answer.get("http_port", 0)
         return answer
 
     def stop(self, sig: int = signal.SIGTERM) -> dict[str, Any]:
@@ -123,11 +125,15 @@ class _Controller:
         )
         found = threading.Event()
         port: list[int] = []
+        http: list[int] = []
 
         def pump() -> None:
             assert self.server is not None and self.server.stderr is not None
             for line in self.server.stderr:
                 self.log.append(line.rstrip())
+                monitoring = re.search(r"Listening for HTTP monitoring on [^:]+:(\d+)", line)
+                if monitoring:
+                    http.append(int(monitoring.group(1)))
                 match = re.search(r"Listening for client connections on [^:]+:(\d+)", line)
                 if match:
                     port.append(int(match.group(1)))
@@ -137,7 +143,7 @@ class _Controller:
         threading.Thread(target=pump, daemon=True).start()
         found.wait(60)
         if port:
-            return {"port": port[0]}
+            return {"port": port[0], "http_port": http[0] if http else 0}
         code = self.server.wait(30)
         return {"exit": code, "log": self.log}
 

@@ -9,6 +9,7 @@ import itertools
 import signal
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 
@@ -26,8 +27,8 @@ DISK_MB = 24
 ROOM = 5 << 20  # what the other process's file leaves the server
 
 
-def _start(box: Sandbox) -> None:
-    started = box.start()
+def _start(box: Sandbox, *flags: str) -> None:
+    started = box.start(*flags)
     assert "port" in started, "the server must start on a full disk with intact files:\n" + "\n".join(started["log"])
 
 
@@ -78,8 +79,11 @@ async def test_a_full_disk_refuses_writes_and_keeps_serving_readers(tmp_path: Pa
     acked: set[int] = set()
     with sandbox(tmp_path / "disk", size_mb=DISK_MB) as box:
         box.fill(leave=ROOM)
-        _start(box)
+        _start(box, "-m", "-1")
         await publish(box.port, "orders", 0, 300, acked)
+        async with httpx.AsyncClient() as http:
+            storez = (await http.get(f"http://127.0.0.1:{box.http_port}/streaming/storez")).json()
+            assert (storez["writable"], storez["write_error"]) == (True, None)
         async with connect(CID, "reader", port=box.port) as sc:
             async with sc.subscribe(
                 "orders", start_at=StartPosition.FIRST, durable="audit", max_inflight=1, close_on_exit=True
@@ -109,6 +113,11 @@ async def test_a_full_disk_refuses_writes_and_keeps_serving_readers(tmp_path: Pa
                     pass
             async with sc.subscribe("orders", start_at=StartPosition.FIRST) as plain:  # in memory: served
                 assert (await plain.next_msg()).seq == 1
+            async with httpx.AsyncClient() as http:  # what degrades is said
+                storez = (await http.get(f"http://127.0.0.1:{box.http_port}/streaming/storez")).json()
+                metrics = (await http.get(f"http://127.0.0.1:{box.http_port}/metrics")).text
+            assert storez["writable"] is False and "disk full" in storez["write_error"]
+            assert "streaming_store_writable 0.0" in metrics
             box.free()
             with trio.fail_after(10):
                 while True:  # the publisher comes back once the store takes commits again

@@ -39,6 +39,7 @@ async def test_pages_match_the_server_after_a_scripted_run(tmp_path: Path) -> No
             assert storez["total_msgs"] == total
             assert storez["limits"]["max_channels"] == 100
             assert storez["total_bytes"] == sum(c.bytes for c in server.store.channels())
+            assert (storez["writable"], storez["write_error"], storez["damaged_messages"]) == (True, None, 0)
 
             channelsz = await get(http, "/streaming/channelsz")
             assert channelsz["names"] == sorted(["orders", "audit", "jobs", DLQ_CHANNEL])
