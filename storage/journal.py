@@ -86,6 +86,30 @@ def record_at(fd: int, offset: int, size: int, seed: Seed) -> tuple[int, bytes] 
     return int(epoch), body
 
 
+def next_record(fd: int, start: int, size: int, checkpointed: int, seed: Seed) -> int | None:
+    """Offset of the first valid record newer than the checkpoint at or after `start`, if any: what
+    lies past a damaged record. Candidates are found by their epoch field (only a few epochs can be
+    newer than the checkpoint), then checked whole."""
+    patterns = [_EPOCH.pack(e) for e in range(checkpointed + 1, checkpointed + 1 + _LIVE_EPOCHS)]
+    offset = start
+    while offset < size:
+        chunk = os.pread(fd, min(_SCAN_CHUNK + _HEADER.size, size - offset), offset)
+        hits = sorted(at for pattern in patterns for at in _find_all(chunk, pattern) if at >= 8)
+        for at in hits:
+            if record_at(fd, offset + at - 8, size, seed) is not None:
+                return offset + at - 8
+        offset += _SCAN_CHUNK
+    return None
+
+
+def _find_all(data: bytes, pattern: bytes) -> list[int]:
+    found, at = [], data.find(pattern)
+    while at >= 0:
+        found.append(at)
+        at = data.find(pattern, at + 1)
+    return found
+
+
 @attrs.frozen
 class FileScan:
     """What one journal file holds: the records of its newest use (epoch 0: none)."""
@@ -132,51 +156,30 @@ class JournalFile:
         DamagedStoreError when intact records newer than `checkpointed` lie past a damaged one."""
         bodies: list[bytes] = []
         epoch = offset = 0
-        closed = at_end = False
+        closed = False
         size = os.fstat(self.fd).st_size
-        while True:
-            header = os.pread(self.fd, _HEADER.size, offset)
-            if len(header) < _HEADER.size:
-                at_end = True
-                break
-            length, crc, record_epoch = _HEADER.unpack(header)
-            if record_epoch == 0 or (epoch and record_epoch != epoch) or length > size - offset - _HEADER.size:
-                break
-            body = os.pread(self.fd, length, offset + _HEADER.size) if length else b""
-            if len(body) < length or _crc(body, record_epoch, seed(record_epoch)) != crc:
+        while (found := record_at(self.fd, offset, size, seed)) is not None:
+            record_epoch, body = found
+            if epoch and record_epoch != epoch:
                 break
             epoch = record_epoch
-            if not length:
+            if not body:
                 closed = True
                 break
             bodies.append(body)
-            offset += _HEADER.size + length
+            offset += _HEADER.size + len(body)
+        at_end = offset + _HEADER.size > size
         # A file whose first record is older than the checkpoint has not been written since: a reuse
         # starts at offset 0, so whatever lies behind that record is older still.
         if not (at_end or closed or 0 < epoch <= checkpointed):
-            self._check_rest(offset, size, checkpointed, seed)
+            following = next_record(self.fd, offset + 1, size, checkpointed, seed)
+            if following is not None:
+                raise DamagedStoreError(
+                    f"{self.path}: the record at offset {offset} is damaged (it fails its checksum) and an "
+                    f"intact record written after it lies at offset {following}: acknowledged messages are "
+                    "in the damaged part"
+                )
         return FileScan(epoch, bodies, offset, closed)
-
-    def _check_rest(self, stop: int, size: int, checkpointed: int, seed: Seed) -> None:
-        """Raise DamagedStoreError if an intact record newer than the checkpoint lies past `stop`."""
-        patterns = {_EPOCH.pack(e): e for e in range(checkpointed + 1, checkpointed + 1 + _LIVE_EPOCHS) if e > 0}
-        offset = stop + 1
-        while offset < size:
-            chunk = os.pread(self.fd, min(_SCAN_CHUNK + _HEADER.size, size - offset), offset)
-            if not chunk:
-                break
-            for pattern in patterns:
-                at = chunk.find(pattern, 8)
-                while at >= 0:
-                    start = offset + at - 8
-                    if record_at(self.fd, start, size, seed) is not None:
-                        raise DamagedStoreError(
-                            f"{self.path}: the record at offset {stop} is damaged (it fails its checksum) and an "
-                            f"intact record written after it lies at offset {start}: acknowledged messages are "
-                            "in the damaged part"
-                        )
-                    at = chunk.find(pattern, at + 1)
-            offset += _SCAN_CHUNK
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -202,7 +205,7 @@ class Journal:
         self.files = [JournalFile(directory / name) for name in NAMES]
         self.active = 0
         if any(f.created for f in self.files):
-            _fsync_directory(directory)  # a new file must still be there after a crash
+            fsync_directory(directory)  # a new file must still be there after a crash
 
     def recover(self, checkpointed_epoch: int) -> Recovery:
         """Every record newer than `checkpointed_epoch`, and set up appending so that none of them is
@@ -289,7 +292,7 @@ class Journal:
             f.close()
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -337,10 +337,17 @@ class LmdbStore(Store):
             )
         schema = self._msgs.read(partial(_get_meta, db=meta, key=b"schema_version"))
         if existing and schema is not None and U32.unpack(schema)[0] >= 2:
-            for journal in journals:
+            sizes = self._msgs.read(partial(_get_meta, db=meta, key=b"journal_sizes"))
+            known = [U64.unpack_from(sizes, 8 * i)[0] for i in range(len(journals))] if sizes else [0] * len(journals)
+            for journal, size in zip(journals, known, strict=True):
                 if not journal.exists():
                     raise DamagedStoreError(
                         f"{journal} is missing: it held the acknowledged messages not yet copied into {msgs_data}"
+                    )
+                if journal.stat().st_size < size:
+                    raise DamagedStoreError(
+                        f"{journal} was cut short: it is {journal.stat().st_size} bytes long, but it was {size}; "
+                        f"it held the acknowledged messages not yet copied into {msgs_data}"
                     )
         self._state = self._open_env(
             "state",
@@ -907,6 +914,8 @@ class LmdbStore(Store):
                 txn.put(info.name.lower().encode(), encode_channel(info), db=dbs["channels"])
             if retired is not None:
                 txn.put(b"journal_epoch", U64.pack(retired), db=dbs["meta"])
+            # Journal files only grow: a later open that finds one shorter knows it was cut.
+            txn.put(b"journal_sizes", b"".join(U64.pack(f.allocated) for f in self._journal.files), db=dbs["meta"])
 
         with self._msgs.write_lock:
             self._msgs.write(write)

@@ -58,7 +58,7 @@ from storage.dirlock import DirectoryLock
 from storage.errors import IntegrityError, StoreError
 from storage.integrity import is_empty_or_missing, lmdb_file_problem, messages, structure_problems
 from storage.journal import NAMES as JOURNAL_NAMES
-from storage.journal import Seed, keyed, record_at, unkeyed
+from storage.journal import Seed, fsync_directory, keyed, next_record, record_at, unkeyed
 from storage.lmdb_store import Environment
 from storage.records import ChannelInfo, ClientRecord, SubscriptionRecord
 
@@ -134,13 +134,24 @@ def repair(directory: str | os.PathLike[str], cluster_id: str | None = None) -> 
         for name in ("msgs", "state"):
             if (path / name).exists():
                 os.rename(path / name, aside / name)
-        _fsync_dir(aside)
+        fsync_directory(aside)
         for name in ("msgs", "state"):
             os.rename(staging / name, path / name)
         os.rmdir(staging)
-        _fsync_dir(path)
+        fsync_directory(path)
         notes = [*salvage.notes, f"the old files are in {aside}"]
         return Report(path, salvage.problems, salvage.lost_ranges(), notes, aside)
+
+
+@contextlib.contextmanager
+def _read_only(env_dir: Path, names: tuple[str, ...]) -> Iterator[tuple[lmdb.Transaction, dict[str, lmdb._Database]]]:
+    """A read transaction on an environment whose structure verified (the directory is locked)."""
+    env = lmdb.open(str(env_dir), readonly=True, lock=False, max_dbs=len(names))
+    try:
+        with env.begin() as txn:
+            yield txn, {name: env.open_db(name.encode(), txn=txn, create=False) for name in names}
+    finally:
+        env.close()
 
 
 @contextlib.contextmanager
@@ -262,21 +273,16 @@ class _Salvage:
 
     def _read_message_file(self, sink: _Writer | None) -> None:
         if self.msgs_ok:
-            env = lmdb.open(str(self.msgs_data.parent), readonly=True, lock=False, max_dbs=len(_MSGS_DBS))
-            try:
-                with env.begin() as txn:
-                    dbs = {name: env.open_db(name.encode(), txn=txn, create=False) for name in _MSGS_DBS}
-                    self.meta = {bytes(k): bytes(v) for k, v in txn.cursor(db=dbs["meta"]).iternext()}
-                    for key, value in txn.cursor(db=dbs["channels"]).iternext():
-                        try:
-                            self._add_channel(decode_channel(value))
-                        except IntegrityError as exc:
-                            self.problems.append(f"{self.msgs_data}: channel record {bytes(key)!r}: {exc}")
-                    self._load_lost()
-                    for key, value in txn.cursor(db=dbs["messages"]).iternext():
-                        self._take(bytes(key), bytes(value), sink)
-            finally:
-                env.close()
+            with _read_only(self.msgs_data.parent, _MSGS_DBS) as (txn, dbs):
+                self.meta = {bytes(k): bytes(v) for k, v in txn.cursor(db=dbs["meta"]).iternext()}
+                for key, value in txn.cursor(db=dbs["channels"]).iternext():
+                    try:
+                        self._add_channel(decode_channel(value))
+                    except IntegrityError as exc:
+                        self.problems.append(f"{self.msgs_data}: channel record {bytes(key)!r}: {exc}")
+                self._load_lost()
+                for key, value in txn.cursor(db=dbs["messages"]).iternext():
+                    self._take(bytes(key), bytes(value), sink)
             return
         if is_empty_or_missing(self.msgs_data):
             return
@@ -339,7 +345,8 @@ class _Salvage:
         key, keyed_from = self.meta.get(b"journal_key"), self.meta.get(b"journal_keyed_from")
         seed: Seed = keyed(key, U64.unpack(keyed_from)[0]) if key and keyed_from else unkeyed
         records: list[tuple[int, bytes]] = []
-        for name in JOURNAL_NAMES:
+        sizes = self.meta.get(b"journal_sizes", b"")
+        for i, name in enumerate(JOURNAL_NAMES):
             path = msgs_dir / name
             if not path.exists():
                 if self.meta:
@@ -347,6 +354,9 @@ class _Salvage:
                         f"{path} is missing: acknowledged messages not yet copied into {self.msgs_data} may be lost"
                     )
                 continue
+            known = U64.unpack_from(sizes, 8 * i)[0] if len(sizes) >= 8 * (i + 1) else 0
+            if path.stat().st_size < known:
+                self.problems.append(f"{path} was cut short ({path.stat().st_size} bytes, it was {known})")
             fd = os.open(path, os.O_RDONLY)
             try:
                 found, damaged = _salvage_file(fd, checkpointed, seed)
@@ -387,22 +397,17 @@ class _Salvage:
 
     def _read_state(self) -> None:
         if self.state_ok:
-            env = lmdb.open(str(self.state_data.parent), readonly=True, lock=False, max_dbs=len(_STATE_DBS))
-            try:
-                with env.begin() as txn:
-                    dbs = {name: env.open_db(name.encode(), txn=txn, create=False) for name in _STATE_DBS}
-                    self.state_meta = {bytes(k): bytes(v) for k, v in txn.cursor(db=dbs["meta"]).iternext()}
-                    for k, v in txn.cursor(db=dbs["subs"]).iternext():
-                        self._sub(bytes(k), bytes(v), strict=True)
-                    for k, v in txn.cursor(db=dbs["lastsent"]).iternext():
-                        self.last_sent[U64.unpack(k)[0]] = U64.unpack(v)[0]
-                    for k, v in txn.cursor(db=dbs["pending"]).iternext():
-                        sub_id, seq = PENDING_KEY.unpack(k)
-                        self.pending.setdefault(sub_id, {})[seq] = U32.unpack(v)[0]
-                    for k, v in txn.cursor(db=dbs["clients"]).iternext():
-                        self._client(bytes(k), bytes(v), strict=True)
-            finally:
-                env.close()
+            with _read_only(self.state_data.parent, _STATE_DBS) as (txn, dbs):
+                self.state_meta = {bytes(k): bytes(v) for k, v in txn.cursor(db=dbs["meta"]).iternext()}
+                for k, v in txn.cursor(db=dbs["subs"]).iternext():
+                    self._sub(bytes(k), bytes(v), strict=True)
+                for k, v in txn.cursor(db=dbs["lastsent"]).iternext():
+                    self.last_sent[U64.unpack(k)[0]] = U64.unpack(v)[0]
+                for k, v in txn.cursor(db=dbs["pending"]).iternext():
+                    sub_id, seq = PENDING_KEY.unpack(k)
+                    self.pending.setdefault(sub_id, {})[seq] = U32.unpack(v)[0]
+                for k, v in txn.cursor(db=dbs["clients"]).iternext():
+                    self._client(bytes(k), bytes(v), strict=True)
             return
         if is_empty_or_missing(self.state_data):
             if self.channels:
@@ -485,6 +490,7 @@ _META_KEYS = (
     b"journal_key",
     b"journal_keyed_from",
     b"journal_epoch",
+    b"journal_sizes",
     b"next_channel_id",
 )
 
@@ -507,34 +513,12 @@ def _salvage_file(fd: int, checkpointed: int, seed: Seed) -> tuple[list[tuple[in
             records.append((epoch, body))  # older than the checkpoint too: a second copy of what LMDB holds
             offset += 16 + len(body)
             continue
-        following = _next_record(fd, offset + 1, size, checkpointed, seed)
+        following = next_record(fd, offset + 1, size, checkpointed, seed)
         if following is None:
             break
         damaged.append((offset, following))
         offset = following
     return records, damaged
-
-
-def _next_record(fd: int, start: int, size: int, checkpointed: int, seed: Seed) -> int | None:
-    """Offset of the first valid record newer than the checkpoint at or after `start`, if any."""
-    patterns = [U64.pack(e) for e in range(checkpointed + 1, checkpointed + 4)]
-    chunk_size = 4 << 20
-    offset = start
-    while offset < size:
-        chunk = os.pread(fd, min(chunk_size + 16, size - offset), offset)
-        hits = sorted(at for pattern in patterns for at in _find_all(chunk, pattern) if at >= 8)
-        for at in hits:
-            if record_at(fd, offset + at - 8, size, seed) is not None:
-                return offset + at - 8
-        offset += chunk_size
-    return None
-
-
-def _find_all(data: bytes, pattern: bytes) -> Iterator[int]:
-    at = data.find(pattern)
-    while at >= 0:
-        yield at
-        at = data.find(pattern, at + 1)
 
 
 def _raw_items(data_file: Path) -> Iterator[tuple[bytes, bytes]]:
@@ -681,8 +665,8 @@ class _Writer:
             fd = os.open(self.staging / "msgs" / name, os.O_RDWR | os.O_CREAT, 0o644)
             os.fsync(fd)
             os.close(fd)
-        _fsync_dir(self.staging / "msgs")
-        _fsync_dir(self.staging)
+        fsync_directory(self.staging / "msgs")
+        fsync_directory(self.staging)
         salvage.notes.append(
             f"kept {sum(c.count for c in salvage.channels.values())} messages on {len(salvage.channels)} channels, "
             f"{len([s for s in salvage.subs.values() if s.channel in by_name])} subscriptions, "
@@ -692,11 +676,3 @@ class _Writer:
     def close(self) -> None:
         self.msgs.close()
         self.state.close()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -8,14 +8,23 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import pytest
 import trio
 import trio.lowlevel
 import trio.testing
 
-from storage import ClientRecord, MemoryStore, Message, NewMessage, SubOptions, SubUpdate
+from storage import (
+    AppendResult,
+    ClientRecord,
+    MemoryStore,
+    Message,
+    NewMessage,
+    StoreFullError,
+    SubOptions,
+    SubUpdate,
+)
 from streaming.engine import Delivery, Engine, Reason, SubscribeRequest
 from streaming.runtime import EngineRuntime
 
@@ -350,4 +359,92 @@ async def test_subscription_writes_wait_for_the_before_write_hook(autojump_clock
         assert writes[-1][1] == 10, "the acks' deletes in one write"
         (recovered,) = w.store.recover().subscriptions
         assert dict(recovered.pending) == {}
+        nursery.cancel_scope.cancel()
+
+
+class RefusingStore(MemoryStore):
+    """A memory store that refuses state writes or appends while told to, as a full disk does (the
+    real disk is in tests/faults; here the runtime's ordering is checked under the virtual clock)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refusing_state = self.refusing_appends = False
+        self.refused = 0
+
+    def apply(self, updates: Iterable[SubUpdate]) -> None:
+        batch = list(updates)
+        if self.refusing_state and batch:
+            self.refused += 1
+            raise StoreFullError("disk full (test)")
+        super().apply(batch)
+
+    def append(self, messages: Sequence[NewMessage], now_unix_ns: int | None = None) -> AppendResult:
+        if self.refusing_appends:
+            self.refused += 1
+            raise StoreFullError("disk full (test)")
+        return super().append(messages, now_unix_ns)
+
+
+def refusing_world() -> tuple[World, RefusingStore]:
+    w = World()
+    store = RefusingStore()
+    store.register_client(ClientRecord("c", "_HB"))
+    w.store = store
+    w.engine = Engine(store)
+    w.engine.add_client("c")
+    w.runtime = EngineRuntime(w.engine, w._deliver)
+    return w, store
+
+
+async def test_refused_state_writes_are_kept_in_order_and_retried(autojump_clock: trio.testing.MockClock) -> None:
+    """A later position must not land without the pending entries written before it: what the store
+    refuses stays queued, in order, and is retried until it lands."""
+    w, store = refusing_world()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.runtime.run)
+        sub = w.subscribe(ack_wait_s=60)
+        w.publish(3)
+        await w.runtime.flush()
+        store.refusing_state = True
+        w.publish(2)  # delivered: pending 4 and 5, position 5
+        for seq in (1, 2):
+            w.engine.ack(sub, seq, trio.current_time())
+        w.runtime.sync()
+        assert not await w.runtime.write_now()
+        await trio.sleep(10)
+        assert store.refused >= 4, "retried, less often each time"
+        assert w.runtime.write_error is not None
+        (recovered,) = store.recover().subscriptions
+        assert (dict(recovered.pending), recovered.record.last_sent) == ({1: 1, 2: 1, 3: 1}, 3), "nothing yet"
+        store.refusing_state = False
+        w.runtime.store_writable()  # as a publish commit that lands says
+        await w.runtime.flush()
+        (recovered,) = store.recover().subscriptions
+        assert (dict(recovered.pending), recovered.record.last_sent) == ({3: 1, 4: 1, 5: 1}, 5)
+        assert w.runtime.write_error is None
+        assert await w.runtime.write_now()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_refused_dead_letter_holds_back_the_updates_after_it(autojump_clock: trio.testing.MockClock) -> None:
+    """The message must stay pending until its dead letter is stored: else a crash in between would
+    lose it from both."""
+    w, store = refusing_world()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.runtime.run)
+        w.subscribe(ack_wait_s=1, max_deliver=1)
+        w.publish(1)
+        await w.runtime.flush()
+        store.refusing_appends = True
+        await trio.sleep(5)  # AckWait ends: a dead letter, refused again and again
+        (recovered,) = store.recover().subscriptions
+        assert dict(recovered.pending) == {1: 1}, "still pending: its dead letter is not stored"
+        dead_channel = store.channel_info("foo.dead")
+        assert dead_channel is None or dead_channel.msgs == 0
+        store.refusing_appends = False
+        await trio.sleep(6)  # the next retry lands it
+        (recovered,) = store.recover().subscriptions
+        assert dict(recovered.pending) == {}
+        dead = store.read("foo.dead", 1, 10)
+        assert len(dead) == 1 and json.loads(dead[0].data)["seq"] == 1
         nursery.cancel_scope.cancel()

@@ -13,7 +13,6 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import trio
 from storage import ChannelLimits, LmdbStore, StoreLimits
 from streaming.client import StartPosition, connect
 from tests.faults.clients import CID, number, payload, publish, read_channel
-from tests.wire.servers import ServerProcess, free_port
+from tests.wire.servers import ServerProcess, command, free_port
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -169,6 +168,8 @@ CASES: dict[str, Damage] = {
     "journal: the last record": in_journal_record(b"699:"),
     "journal: deleted": delete("msgs/journal.0"),
     "journal: the other deleted": delete("msgs/journal.1"),
+    "journal: emptied": empty("msgs/journal.0"),
+    "journal: the other emptied": empty("msgs/journal.1"),
     "messages: one payload": every_copy("msgs/data.mdb", payload(77), 20),
     "messages: 50 bytes of one payload": every_copy("msgs/data.mdb", payload(120), 5, 50),
     "messages: a large message": every_copy("msgs/data.mdb", b"1003:", 4000),
@@ -189,14 +190,7 @@ CASES: dict[str, Damage] = {
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "import sys; from streaming.cli import server_main; sys.exit(server_main())", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return command("server_main", *args)
 
 
 def _stored(directory: Path) -> set[int]:

@@ -29,6 +29,7 @@ from storage import (
     StoreWriteError,
 )
 from storage.codec import U32
+from tests.faults.sandbox import can_mount_private_tmpfs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -191,19 +192,7 @@ def test_a_damaged_file_is_refused_at_open(tmp_path: Path) -> None:
         LmdbStore(tmp_path)
 
 
-def _can_mount_private_tmpfs() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"],
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
-    return probe.returncode == 0
-
-
-@pytest.mark.skipif(not _can_mount_private_tmpfs(), reason="no private mount namespace (unshare -rm) on this machine")
+@pytest.mark.skipif(not can_mount_private_tmpfs(), reason="no private mount namespace (unshare -rm) on this machine")
 def test_a_full_disk_fails_the_append_and_loses_nothing(tmp_path: Path) -> None:
     """A real ENOSPC: a 4 MiB tmpfs mounted in a private mount namespace for the child alone."""
     mount_point = tmp_path / "small"

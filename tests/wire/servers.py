@@ -163,6 +163,19 @@ def server_process(*args: str) -> Iterator[ServerProcess]:
         server.stop()
 
 
+def command(entry: str, *args: str, stdin: str = "", timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """A console entry point of streaming.cli ("server_main", "client_main") run as users run it."""
+    return subprocess.run(
+        [sys.executable, "-c", f"from streaming.cli import {entry}; raise SystemExit({entry}())", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+
+
 def wait_for(predicate: Any, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -10,18 +10,11 @@ import pytest
 
 from streaming.cli import _overrides, _server_parser
 from streaming.config import ConfigError, load
-from tests.wire.servers import ServerProcess, server_process
+from tests.wire.servers import ServerProcess, command, server_process
 
 
 def streaming(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from streaming.cli import client_main; raise SystemExit(client_main())", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return command("client_main", *args, stdin=stdin, timeout=60)
 
 
 def test_pub_and_sub_commands(tmp_path: Path) -> None:
