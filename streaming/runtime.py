@@ -132,7 +132,9 @@ class EngineRuntime:
         self._linger_scope: trio.CancelScope | None = None
         self._retry_s = _RETRY_FIRST_S
         self._retry_scope: trio.CancelScope | None = None
-        self.write_error: StoreError | None = None  # while state writes fail (a full disk): the last error
+        # While the store refuses writes (a full disk), the last refusal: state writes' and publishes'.
+        self.write_error: StoreError | None = None
+        self._state_failing = False
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the timer tasks and the flusher until cancelled; then flush what is left."""
@@ -179,11 +181,17 @@ class EngineRuntime:
         self._work.set()
         self._idle = trio.Event() if self._idle.is_set() else self._idle
 
+    def store_refused(self, exc: StoreError) -> None:
+        """The store refused a write of someone else's (a publish commit): the server is degraded."""
+        self.write_error = exc
+
     def store_writable(self) -> None:
         """The store took a write again (a publish commit after refusals): retry the state now."""
         if self._retry_scope is not None:
             self._retry_s = _RETRY_FIRST_S
             self._retry_scope.cancel()
+        if not (self._updates or self._dead):
+            self.write_error = None  # else the retry it wakes says whether the state lands
 
     async def write_now(self) -> bool:
         """Write everything queued at once (no linger) and wait for it: True once it is stored; False
@@ -195,8 +203,9 @@ class EngineRuntime:
             return self._written_ok
         self._urgent = True
         self._work.set()
-        if self._linger_scope is not None:
-            self._linger_scope.cancel()
+        for scope in (self._linger_scope, self._retry_scope):  # someone waits: now, not after a back-off
+            if scope is not None:
+                scope.cancel()
         while self._written < target:
             await self._write_done.wait()
         return self._written_ok
@@ -408,7 +417,8 @@ class EngineRuntime:
         return True
 
     def _failed(self, exc: StoreError) -> None:
-        if self.write_error is None:
+        if not self._state_failing:
+            self._state_failing = True
             log.error(
                 "subscription state cannot be written (%s): positions, acks and client registrations are "
                 "kept in memory and written when the store takes them again; a crash meanwhile can only "
@@ -418,9 +428,10 @@ class EngineRuntime:
         self.write_error = exc
 
     def _recovered(self) -> None:
-        if self.write_error is not None:
+        if self._state_failing:
+            self._state_failing = False
             log.info("subscription state is written again")
-            self.write_error = None
+        self.write_error = None
 
     async def _publish_dead_letters(self, dead: list[DeadLetter]) -> bool:
         """Store dead letters (False if the store refused). They go before the updates that drop

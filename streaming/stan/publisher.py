@@ -101,7 +101,6 @@ class Publisher:
         self._shared_at = -_SHARED_WINDOW_S  # when the latest publish came from another connection
         self.commits = 0
         self.refused_by_store = 0  # publishes refused since the store last took a commit
-        self.store_error: StoreError | None = None  # why, while it refuses
         self.inline_commits = 0
         self.largest_batch = 0
 
@@ -267,13 +266,12 @@ class Publisher:
             if not self.refused_by_store:
                 log.error("publishes are refused: %s", outcome)
             self.refused_by_store += len(accepted)
-            self.store_error = outcome
+            self._runtime.store_refused(outcome)
             errors = {id(p): stan_errors.store_error(outcome) for p in accepted}
         elif outcome is not None:
             if self.refused_by_store:
                 log.info("publishes are stored again (%d refused meanwhile)", self.refused_by_store)
                 self.refused_by_store = 0
-                self.store_error = None
                 self._runtime.store_writable()
             if self._observer is not None:
                 self._observer.on_commit(time.perf_counter() - started, len(accepted))
@@ -347,6 +345,7 @@ class Publisher:
                 refused[name] = str(exc)
             except StoreError as exc:
                 log.error("could not create channel %r: %s", name, exc)
+                self._runtime.store_refused(exc)
                 refused[name] = stan_errors.store_error(exc)
         return refused
 

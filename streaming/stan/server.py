@@ -249,7 +249,7 @@ class StanServer:
 
     def store_write_error(self) -> StoreError | None:
         """Why the store refuses writes, while it does (publishes, or subscription state)."""
-        return self.publisher.store_error or self.runtime.write_error
+        return self.runtime.write_error
 
     def clients(self) -> list[ClientRecord]:
         """The registered clients (for monitoring)."""

@@ -21,6 +21,7 @@ from storage import (
     MemoryStore,
     Message,
     NewMessage,
+    SaveClient,
     StoreFullError,
     SubOptions,
     SubUpdate,
@@ -414,6 +415,10 @@ async def test_refused_state_writes_are_kept_in_order_and_retried(autojump_clock
         await trio.sleep(10)
         assert store.refused >= 4, "retried, less often each time"
         assert w.runtime.write_error is not None
+        asked = trio.current_time()
+        w.runtime.queue_updates([SaveClient(ClientRecord("late", "_HB.late"))])  # a connecting client...
+        assert not await w.runtime.write_now()  # ...is answered now, not after the back-off
+        assert trio.current_time() - asked < 0.1
         (recovered,) = store.recover().subscriptions
         assert (dict(recovered.pending), recovered.record.last_sent) == ({1: 1, 2: 1, 3: 1}, 3), "nothing yet"
         store.refusing_state = False
@@ -447,4 +452,21 @@ async def test_a_refused_dead_letter_holds_back_the_updates_after_it(autojump_cl
         assert dict(recovered.pending) == {}
         dead = store.read("foo.dead", 1, 10)
         assert len(dead) == 1 and json.loads(dead[0].data)["seq"] == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_store_is_writable_again_when_a_write_lands(autojump_clock: trio.testing.MockClock) -> None:
+    """A refused publish makes the server degraded; a write that lands ends it, whoever made it."""
+    w, _ = refusing_world()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.runtime.run)
+        w.subscribe(ack_wait_s=60)
+        w.runtime.store_refused(StoreFullError("disk full (test)"))
+        assert w.runtime.write_error is not None
+        w.publish(1)  # its state write lands
+        await w.runtime.flush()
+        assert w.runtime.write_error is None
+        w.runtime.store_refused(StoreFullError("disk full (test)"))
+        w.runtime.store_writable()  # a publish commit that lands, with no state waiting
+        assert w.runtime.write_error is None
         nursery.cancel_scope.cancel()
