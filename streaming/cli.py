@@ -28,7 +28,9 @@ def _server_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="streaming-server",
         description="A durable NATS Streaming (STAN) server on Trio and LMDB.",
-        epilog="Durations take units (30s, 1m, 24h); sizes take 1MB, 1GiB. Flags override the config file.",
+        epilog="Durations take units (30s, 1m, 24h); sizes take 1MB, 1GiB. Flags override the config file. "
+        "On a stopped server: `streaming-server check --dir DIR` lists what is damaged in a data directory, "
+        "`streaming-server repair --dir DIR` keeps everything intact and sets the damaged files aside.",
     )
     add = parser.add_argument
     add("-c", "--config", help="TOML configuration file")
