@@ -12,9 +12,9 @@ what the outside must do. The Trio runtime (streaming/runtime.py) or a test drai
 It reads messages from the store (cheap, in-process) and writes nothing to it except through
 `ensure_channel` when a subscription names a channel that does not exist yet (a server should create
 the channel first, off the event loop, as it must for a publish anyway). Behaviour is NATS
-Streaming's by default (spec §3.5-3.11); the opt-in options in `SubOptions` (MaxDeliver with a
-dead-letter channel, backoff, MaxInflight applied to redeliveries) and ack-progress change it only for
-subscriptions that ask.
+Streaming's by default (subscribe, ack, redeliver, unsubscribe, close); the opt-in options in
+`SubOptions` (MaxDeliver with a dead-letter channel, backoff, MaxInflight applied to redeliveries)
+and ack-progress change it only for subscriptions that ask.
 """
 
 from __future__ import annotations
@@ -415,7 +415,7 @@ class Engine:
         return sub
 
     def _start_after(self, request: SubscribeRequest, wall_unix_ns: int) -> int:
-        """The sequence after which a brand-new subscription or group starts (spec §3.6)."""
+        """The sequence after which a brand-new subscription or group starts (its start position)."""
         info = self.store.channel_info(request.channel)
         assert info is not None
         position = request.start_position
@@ -882,7 +882,7 @@ class Engine:
 
     @classmethod
     def recover(cls, store: Store, state: RecoveredState | None = None) -> Engine:
-        """Rebuild the engine from what the store recovered (spec §3.14).
+        """Rebuild the engine from what the store recovered after a restart.
 
         Subscriptions of registered clients come back online with every pending message due (flagged,
         before any new message); durables of unknown clients or marked closed stay offline; other

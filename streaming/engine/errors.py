@@ -1,4 +1,4 @@
-"""Requests the engine refuses; str() of each is the exact text a STAN client is shown (spec §3.12)."""
+"""Requests the engine refuses; str() of each is the exact text a STAN client is shown."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ publisher ever waits for it.
 
 In-process subscribers (the STAN layer) register handlers with `subscribe()`. A handler runs in the
 publishing connection's reader task, in arrival order; it may return an awaitable, which the reader
-awaits before reading on (that is how one connection's requests stay ordered, spec §3.13). Handlers
+awaits before reading on (that is how one connection's requests stay ordered). Handlers
 registered with `add_batch_hook` run after each chunk read from a socket, so work can be batched per
 read rather than per message. A large read is handled in slices (`_EVENTS_PER_STEP`), with the hooks
 and a checkpoint after each, so other connections' writers are not starved meanwhile.

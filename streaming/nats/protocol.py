@@ -1,4 +1,4 @@
-"""The NATS core wire protocol, sans-IO (spec §1): bytes in, typed events out; events in, bytes out.
+"""The NATS core wire protocol, sans-IO: bytes in, typed events out; events in, bytes out.
 
 `ServerConnection` parses what a client sends (CONNECT, PUB, SUB, UNSUB, PING, PONG);
 `ClientConnection` parses what a server sends (INFO, MSG, PING, PONG, +OK, -ERR). Neither touches a
@@ -43,7 +43,7 @@ class LocalProtocolError(Exception):
     """We were asked to send something the protocol cannot express (a bug on our side)."""
 
 
-# Exact texts clients match on (spec §1.8); nats-server's "maximum control line" is lower-case.
+# Exact texts clients match on (nats-server's -ERR texts); nats-server's "maximum control line" is lower-case.
 UNKNOWN_OP: Final = "Unknown Protocol Operation"
 MAX_CONTROL_EXCEEDED: Final = "maximum control line exceeded"
 MAX_PAYLOAD_VIOLATION: Final = "Maximum Payload Violation"

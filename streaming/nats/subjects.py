@@ -1,6 +1,6 @@
 """NATS subjects: validation, and the subscription index that finds who gets a published message.
 
-`*` matches one token, `>` one or more trailing tokens (spec §1.5). Matches are cached per published
+`*` matches one token, `>` one or more trailing tokens. Matches are cached per published
 subject, because in this server the same few subjects (publish prefixes, inboxes, ack inboxes) carry
 almost all the traffic; any subscription change empties the cache.
 """

@@ -1,4 +1,5 @@
-"""Error texts STAN clients are shown (spec §3.12), besides the engine's own (streaming.engine.errors)."""
+"""Error texts STAN clients are shown, word for word as the reference server's, besides the engine's
+own (streaming.engine.errors)."""
 
 from __future__ import annotations
 

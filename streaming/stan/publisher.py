@@ -1,7 +1,7 @@
 """Publish group commit: every publish accepted from any connection while the store is busy goes into
 the next single `Store.append` (one journal record, fsynced unless `file_sync` is off), then the engine
 hears of the new messages (deliveries go out), then every publisher gets its PubAck, in arrival order
-(spec §3.4 step 8).
+(as the reference server does).
 
 A lone publish is committed at once (a batch of one), so sequential publishers are not delayed; under
 load the batch grows by itself while the previous commit runs (small ones on the event loop, large ones

@@ -1,7 +1,8 @@
 """STAN requests, sans-IO: protobuf bytes in, a validated request (or the exact error text) out.
 
-This holds the checks that need nothing but the request itself (spec §3.1 steps 1-2, §3.4 steps 1-2,
-§3.5 steps 1-6); checks against server state (registered clients, channels, durables) are the server's
+This holds the checks that need nothing but the request itself (a connect's client ID and heartbeat
+inbox, a publish's guid and subject, a subscription's fields in the order the reference server
+checks them); checks against server state (registered clients, channels, durables) are the server's
 and the engine's.
 """
 
@@ -85,7 +86,7 @@ def ack_wait_ms(ack_wait_in_secs: int, *, ms_mode: bool) -> int:
 
 
 def parse_subscribe(payload: bytes, ack_inbox: str, *, ms_mode: bool = False) -> SubscribeRequest:
-    """Validation steps 1-6 of spec §3.5, in order; the request for the engine."""
+    """A subscription request's own checks, in the reference server's order; the request for the engine."""
     request = parse(pb.SubscriptionRequest, payload, errors.INVALID_SUB)
     assert isinstance(request, pb.SubscriptionRequest)
     if not request.clientID:

@@ -1,19 +1,19 @@
-"""The STAN layer on the embedded broker: answers NATS Streaming clients (spec §2-3).
+"""The STAN layer on the embedded broker: answers NATS Streaming clients.
 
 It subscribes in-process to the STAN subjects of its cluster ID and turns requests into calls on the
 delivery engine (streaming.engine), the publish group commit (streaming.stan.publisher) and the store:
 
-- connect / close, with client-ID validation and the duplicate-client-ID probe (§3.1-3.2);
-- publish: validated when it arrives, so a connection's publishes before its Close count (§3.13);
+- connect / close, with client-ID validation and the duplicate-client-ID probe;
+- publish: validated when it arrives, so a connection's publishes before its Close count;
   acknowledged after the group commit;
-- subscribe / unsubscribe / subscription close (§3.5, §3.10); the SubscriptionResponse is sent before
+- subscribe / unsubscribe / subscription close; the SubscriptionResponse is sent before
   any message of the subscription;
 - acks, on one wildcard subscription for every ack inbox; client pings; server heartbeats with one
-  task per client (not per message) that closes clients whose heartbeats fail (§3.3);
+  task per client (not per message) that closes clients whose heartbeats fail;
 - after a restart, commits and deliveries wait (up to `recovery_hold`) for recovered clients to
-  reconnect, so their pending messages are redelivered before anything new (§3.14).
+  reconnect, so their pending messages are redelivered before anything new.
 
-A STAN session is not tied to a TCP connection (§1.9): clients are known by client ID and connID.
+A STAN session is not tied to a TCP connection: clients are known by client ID and connID.
 """
 
 from __future__ import annotations
@@ -432,7 +432,7 @@ class StanServer:
         if client is None:
             self._respond(reply, pb.CloseResponse(error=errors.UNKNOWN_CLIENT))
             return
-        await self.publisher.flush()  # its publishes before the Close are stored first (§3.13)
+        await self.publisher.flush()  # its publishes before the Close are stored first
         await self._close_client(client)
         log.debug("client %r closed", request.clientID)
         self._respond(reply, pb.CloseResponse())
@@ -572,13 +572,13 @@ class StanServer:
             log.error("subscribe failed: %s", exc)
             self._respond(reply, pb.SubscriptionResponse(error=errors.store_error(exc)))
             return
-        # The response goes out before any message of this subscription (§3.5): sync() comes after.
+        # The response goes out before any message of this subscription: sync() comes after.
         self._respond(reply, pb.SubscriptionResponse(ackInbox=ack_inbox))
         self.runtime.sync()
         log.debug("subscription %d on %r for %r", sub_id, request.channel, request.client_id)
 
     def _on_unsubscribe(self, subject: str, reply: str, payload: bytes, *, close: bool) -> None:
-        # Synchronous, so acks that arrived before it on this connection were applied first (§3.13).
+        # Synchronous, so acks that arrived before it on this connection were applied first.
         try:
             request = parse_unsubscribe(payload)
             try:

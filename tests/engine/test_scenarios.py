@@ -1,4 +1,4 @@
-"""Acceptance scenarios 16-40 of spec §5 (the reference server's tests), at the engine level.
+"""The reference server's acceptance scenarios for subscriptions and redelivery, at the engine level.
 
 One test per scenario, named after its number and the reference tests it covers. Time is virtual
 (the harness fires timers exactly at their deadlines); the store is the real in-memory store, and

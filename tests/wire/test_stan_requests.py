@@ -1,4 +1,4 @@
-"""STAN requests over the wire: exact error texts (spec §3.12), validation order, client IDs, pings."""
+"""STAN requests over the wire: exact error texts, validation order, client IDs, pings."""
 
 from __future__ import annotations
 
