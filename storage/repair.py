@@ -31,7 +31,7 @@ import shutil
 import struct
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 import attrs
 import lmdb
@@ -62,6 +62,7 @@ from storage.journal import Seed, fsync_directory, keyed, next_record, record_at
 from storage.lmdb_store import Environment
 from storage.records import ChannelInfo, ClientRecord, SubscriptionRecord
 
+T = TypeVar("T")
 _U16 = struct.Struct("=H")
 _U64N = struct.Struct("=Q")
 _NODE = struct.Struct("=HHHH")  # mn_lo, mn_hi (data size), mn_flags, mn_ksize
@@ -112,23 +113,24 @@ def repair(directory: str | os.PathLike[str], cluster_id: str | None = None) -> 
     the message file."""
     path = Path(directory)
     with _locked(path):
-        found = _Salvage(path)
-        found.run(sink=None)
-        if not (found.problems or found.lost_ranges()):
-            return Report(path, [], {}, ["the store is intact: nothing to repair"])
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
         staging = path / f".repair-{stamp}"
         staging.mkdir()
         salvage = _Salvage(path)
         writer = _Writer(staging)
         try:
-            salvage.run(sink=writer)
-            writer.finish(salvage, cluster_id)
+            salvage.run(sink=writer)  # one pass: what is intact goes to the new files as it is read
+            intact = not (salvage.problems or salvage.lost_ranges())
+            if not intact:
+                writer.finish(salvage, cluster_id)
         except BaseException:
             writer.close()
             shutil.rmtree(staging, ignore_errors=True)
             raise
         writer.close()
+        if intact:
+            shutil.rmtree(staging)
+            return Report(path, [], {}, ["the store is intact: nothing to repair"])
         aside = path / f"damaged-{stamp}"
         aside.mkdir()
         for name in ("msgs", "state"):
@@ -434,24 +436,25 @@ class _Salvage:
         )
 
     def _sub(self, key: bytes, value: bytes, *, strict: bool) -> None:
-        try:
-            record = decode_record(value, SubscriptionRecord)
-        except IntegrityError as exc:
-            if strict:
-                self.problems.append(f"{self.state_data}: subscription {U64.unpack(key)[0]}: {exc}")
-            return
-        if record.sub_id == U64.unpack(key)[0]:
-            self.subs[record.sub_id] = record
+        sub_id = U64.unpack(key)[0]
+        record = self._decode(value, SubscriptionRecord, f"subscription {sub_id}", strict)
+        if record is not None and record.sub_id == sub_id:
+            self.subs[sub_id] = record
 
     def _client(self, key: bytes, value: bytes, *, strict: bool) -> None:
+        record = self._decode(value, ClientRecord, f"client {key.decode(errors='replace')!r}", strict)
+        if record is not None and record.client_id.encode() == key:
+            self.clients[record.client_id] = record
+
+    def _decode(self, value: bytes, cls: type[T], what: str, strict: bool) -> T | None:
+        """A state record, or None if it does not decode (a problem, when read from a sound file:
+        from stray pages, anything can be there)."""
         try:
-            record = decode_record(value, ClientRecord)
+            return decode_record(value, cls)
         except IntegrityError as exc:
             if strict:
-                self.problems.append(f"{self.state_data}: client {key.decode(errors='replace')!r}: {exc}")
-            return
-        if record.client_id.encode() == key:
-            self.clients[record.client_id] = record
+                self.problems.append(f"{self.state_data}: {what}: {exc}")
+            return None
 
     def _check_positions(self) -> None:
         """Subscriptions must point into channels that exist, no further than their last message."""
