@@ -8,7 +8,8 @@ Figures (with --json the last line is one JSON object with these keys):
   append itself is timed by bench/storage.py, not here).
   The memory store is the engine's figure; *_lmdb is the same with LMDB files (one transaction per burst).
 - redelivery_lateness_p99_ms / _max_ms and max_loop_stall_ms: 100,000 unacked messages across 1,000
-  subscriptions, run by the Trio runtime on the real clock (memory store on the Trio thread).
+  subscriptions, run by the delivery core (commit pipeline, runtime) on the real clock (memory store
+  on the Trio thread).
   Lateness is the time from a message's deadline (the `now` the engine was given when it first sent
   it, + AckWait) to its first redelivery; loop stall is the longest a 1 ms ticker task waited beyond its
   wake-up time during the redelivery phase. Default figures ("stream"): one message every 20 ms,
@@ -16,7 +17,7 @@ Figures (with --json the last line is one JSON object with these keys):
   so that redelivery does not overlap publishing. "burst_*": all 100 published in one call with
   AckWait 1 s, so all 100,000 deadlines are the same instant: the last redeliveries then necessarily
   wait for all the work before them (about 100,000 x one redelivery; ~0.2 s here).
-  The process runs with the server's collector policy (`streaming.runtime.tune_gc`).
+  The process runs with the server's collector policy (`streaming.core.runtime.tune_gc`).
 - bytes_per_pending: Python memory the engine holds per pending message (LMDB store, so the messages
   themselves are not on the Python heap).
 """
@@ -29,6 +30,8 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +44,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench.report import arguments, machine, print_report  # noqa: E402
 from storage import ClientRecord, LmdbStore, MemoryStore, Message, NewMessage, Store  # noqa: E402
-from streaming.engine import Delivery, Engine, SubscribeRequest  # noqa: E402
-from streaming.runtime import EngineRuntime, tune_gc  # noqa: E402
+from streaming.core.engine import Delivery, Engine, SubscribeRequest  # noqa: E402
+from streaming.core.outbound import Publish  # noqa: E402
+from streaming.core.runtime import tune_gc  # noqa: E402
+from streaming.core.service import Core  # noqa: E402
 
 PAYLOAD = b"x" * 128
 
@@ -55,14 +60,8 @@ def _engine(store: Store, subs: int, max_inflight: int, ack_wait_ms: int = 30_00
     for i in range(subs):
         request = SubscribeRequest("bench", "ch", f"_INBOX.{i}", f"_ACK.{i}", ack_wait_ms, max_inflight)
         ids.append(engine.subscribe(request, 0.0, time.time_ns()))
-    store.apply(engine.take_updates())
+    store.apply(engine.take_effects().updates)
     return engine, ids
-
-
-def _publish(store: Store, engine: Engine, count: int, now: float) -> None:
-    result = store.append([NewMessage("ch", PAYLOAD)] * count)
-    messages = [Message(seq, ts, "ch", "", PAYLOAD) for seq, ts in result.assigned]
-    engine.on_appended("ch", now, messages)
 
 
 def bench_deliver_ack(store: Store, subs: int, total: int) -> float:
@@ -80,12 +79,11 @@ def bench_deliver_ack(store: Store, subs: int, total: int) -> float:
         messages = [Message(seq, ts, "ch", "", PAYLOAD) for seq, ts in result.assigned]
         started = time.perf_counter()
         engine.on_appended("ch", started, messages)
-        deliveries = engine.take_deliveries()
+        deliveries = engine.take_effects().deliveries
         ack = engine.ack
         for d in deliveries:
             ack(d.sub_id, d.message.seq, started)
-        store.apply(engine.take_updates())
-        engine.take_timer_changes()
+        store.apply(engine.take_effects().updates)
         elapsed += time.perf_counter() - started
         done += len(deliveries)
     return done / elapsed
@@ -96,7 +94,7 @@ async def _redelivery_run(subs: int, messages: int, burst: bool, ack_wait_ms: in
     first redelivery of each against its own deadline (its first delivery + 1 s)."""
     store = MemoryStore()
     store.ensure_channel("ch")
-    engine, _ = _engine(store, subs, max_inflight=messages + 1, ack_wait_ms=ack_wait_ms)
+    store.register_client(ClientRecord("bench", "_HB"))
     first: dict[tuple[int, int], float] = {}
     lateness: list[float] = []
     all_redelivered = trio.Event()
@@ -104,7 +102,22 @@ async def _redelivery_run(subs: int, messages: int, burst: bool, ack_wait_ms: in
 
     given = [0.0]  # the `now` the engine was given for the publish being delivered
 
-    def deliver(deliveries: list[Delivery]) -> None:
+    class Door:
+        """The front door's port: the time each first delivery and redelivery went out."""
+
+        def deliver(self, deliveries: Sequence[Delivery]) -> None:
+            deliver(deliveries)
+
+        def published(self, publishes: Sequence[Publish], errors: dict[int, Exception]) -> None:
+            pass
+
+        def holding(self) -> AbstractContextManager[None]:
+            return nullcontext()
+
+        async def wait_reachable(self, inboxes: list[str]) -> None:
+            pass
+
+    def deliver(deliveries: Sequence[Delivery]) -> None:
         now = trio.current_time()
         for d in deliveries:
             key = (d.sub_id, d.message.seq)
@@ -115,7 +128,8 @@ async def _redelivery_run(subs: int, messages: int, burst: bool, ack_wait_ms: in
                 if len(lateness) >= total:
                     all_redelivered.set()
 
-    runtime = EngineRuntime(engine, deliver)
+    core = Core(store, store_in_thread=False)
+    core.doors.add(Door())
     stall = 0.0
 
     async def ticker() -> None:
@@ -126,17 +140,20 @@ async def _redelivery_run(subs: int, messages: int, burst: bool, ack_wait_ms: in
             stall = max(stall, trio.current_time() - wanted)
 
     async with trio.open_nursery() as nursery:
-        await nursery.start(runtime.run)
+        await nursery.start(core.run)
+        await core.ready.wait()
+        runtime = core.runtime
+        for i in range(subs):
+            request = SubscribeRequest("bench", "ch", f"_INBOX.{i}", f"_ACK.{i}", ack_wait_ms, messages + 1)
+            core.pipeline.subscribe(request, lambda sub_id: None)
         publish_started = trio.current_time()
         if burst:
             given[0] = trio.current_time()
-            _publish(store, engine, messages, given[0])  # every deadline at the same instant
-            runtime.sync()
+            core.pipeline.commit([Publish("ch", PAYLOAD, "", "", "")] * messages)  # every deadline at once
         else:
             for _ in range(messages):  # a steady stream: one message every 20 ms, fanned out
                 given[0] = trio.current_time()
-                _publish(store, engine, 1, given[0])
-                runtime.sync()
+                core.pipeline.commit([Publish("ch", PAYLOAD, "", "", "")])
                 await trio.sleep_until(given[0] + 0.02)
         publish_s = trio.current_time() - publish_started
         await trio.sleep(0.5)
@@ -165,17 +182,16 @@ def bench_bytes_per_pending(directory: Path, count: int) -> float:
     engine, (sub,) = _engine(store, 1, max_inflight=count + 1)
     for _ in range(count // 10_000):
         store.append([NewMessage("ch", PAYLOAD)] * 10_000)
-    store.apply(engine.take_updates())
+    store.apply(engine.take_effects().updates)
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     engine.on_appended("ch", 1.0)  # delivers `count` messages from the store: all stay pending
-    engine.take_deliveries()
-    engine.take_updates()
+    engine.take_effects()
     gc.collect()
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
-    assert len(engine.pending(sub)) == count
+    assert len(engine.inspect.pending(sub)) == count
     store.close()
     return (after - before) / count
 

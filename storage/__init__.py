@@ -1,13 +1,17 @@
 """The durable store: channels' message logs, subscription and client state, limits, recovery.
 
 `open_store` is the one entry point the server uses; both stores satisfy the `Store` interface.
+Importing this package does not load LMDB: `LmdbStore` is imported on first use, so the engine and
+the client library (which need the records and errors only) never pull it in.
 """
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from storage.base import MAX_NAME_BYTES, SCHEMA_VERSION, Store, StoreStatistics
+from storage.base import MAX_NAME_BYTES, SCHEMA_VERSION, VERIFY_MODES, Store, StoreStatistics
 from storage.errors import (
     ChannelError,
     ChannelNameConflictError,
@@ -23,7 +27,6 @@ from storage.errors import (
     UnknownChannelError,
 )
 from storage.limits import ChannelLimits, StoreLimits
-from storage.lmdb_store import VERIFY_MODES, LmdbStore
 from storage.memory_store import MemoryStore
 from storage.records import (
     AppendResult,
@@ -49,6 +52,16 @@ from storage.records import (
     net_effect,
 )
 
+if TYPE_CHECKING:
+    from storage.lmdb_store import LmdbStore
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LmdbStore":
+        # By name, at first use: a static import here would load LMDB with every `import storage`.
+        return importlib.import_module("storage.lmdb_store").LmdbStore
+    raise AttributeError(f"module 'storage' has no attribute {name!r}")
+
 
 def open_store(
     kind: str,
@@ -66,7 +79,9 @@ def open_store(
     if kind == "lmdb":
         if directory is None:
             raise ValueError("the lmdb store needs a data directory")
-        return LmdbStore(directory, cluster_id, limits, sync=sync, verify=verify)
+        lmdb_store: Any = importlib.import_module("storage.lmdb_store")
+        store: Store = lmdb_store.LmdbStore(directory, cluster_id, limits, sync=sync, verify=verify)
+        return store
     raise ValueError(f"unknown store kind {kind!r} (expected 'lmdb' or 'memory')")
 
 

@@ -43,6 +43,7 @@ from storage.records import (
 # 2: the LMDB store's publish journal (a version-1 server would not replay it); 3: journal records
 # keyed by the store (a version-2 server would not read them).
 SCHEMA_VERSION = 3
+VERIFY_MODES = ("full", "quick")  # what the LMDB store checks when it opens (see storage.integrity)
 # Channel names and client IDs are keys in the LMDB store (at most 511 bytes there); 255 bytes is what
 # nats-streaming-server's file store allows a channel (a directory name).
 MAX_NAME_BYTES = 255

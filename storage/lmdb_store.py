@@ -1,4 +1,6 @@
-"""The LMDB store: a durable message log per channel plus subscription and client state.
+"""The LMDB store: a durable message log per channel (this module: the journal, the in-memory tail
+and the checkpoints into LMDB), plus the subscription and client state (storage.subscription_state),
+each in an LMDB environment of its own (storage.environment: transactions and map growth).
 
 Layout of a data directory:
 
@@ -35,21 +37,16 @@ state environment damaged.
 Locks, outermost first: the append lock (one append, eviction or journal switch at a time), the
 message environment's write lock (checkpoints, channel creation and deletion), the memory lock (the
 in-memory messages and how far LMDB goes; held only for a few dictionary operations).
-
-The map size is always set. When a write hits MapFullError the transaction has already been aborted;
-the map is grown once no transaction of this process is open (the resize gate) and the whole write
-is retried, so callers never see it. Only the configured maximum, or a full disk, ends in an error.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -57,11 +54,10 @@ from typing import Any, TypeVar, cast
 import attrs
 import lmdb
 
-from storage.base import SCHEMA_VERSION, Store, StoreStatistics, now_or
+from storage.base import SCHEMA_VERSION, VERIFY_MODES, Store, StoreStatistics, now_or
 from storage.codec import (
     JOURNAL_RUN,
     MSG_KEY,
-    PENDING_KEY,
     U32,
     U64,
     decode_channel,
@@ -69,7 +65,6 @@ from storage.codec import (
     decode_message,
     decode_record,
     encode_channel,
-    encode_record,
     encode_reply,
     encode_run,
     key_seq,
@@ -78,6 +73,7 @@ from storage.codec import (
     value_intact,
 )
 from storage.dirlock import DirectoryLock
+from storage.environment import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE, Environment, MiB, delete_prefix
 from storage.errors import (
     ClusterIdMismatchError,
     DamagedStoreError,
@@ -85,7 +81,6 @@ from storage.errors import (
     SchemaVersionError,
     StoreError,
     StoreFullError,
-    write_failed,
 )
 from storage.integrity import Damage, is_empty_or_missing, lmdb_file_problem, structure_problems
 from storage.journal import NAMES as JOURNAL_NAMES
@@ -94,153 +89,28 @@ from storage.limits import StoreLimits, plan_eviction
 from storage.records import (
     AppendResult,
     ChannelInfo,
-    ClearPending,
-    ClientRecord,
-    DeleteClient,
     DeleteSubscription,
     ExpireResult,
     Message,
     NewMessage,
     RecoveredState,
-    RecoveredSubscription,
-    SaveClient,
-    SaveSubscription,
     ServerInfo,
-    SetLastSent,
-    SetPending,
     SubscriptionRecord,
     SubUpdate,
 )
+from storage.subscription_state import DATABASES as STATE_DATABASES
+from storage.subscription_state import SubscriptionState
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-MiB = 1 << 20
 CHECKPOINT_BYTES = 8 * MiB  # of journal, or
 CHECKPOINT_INTERVAL_S = 1.0  # whichever comes first
 _EMPTY: dict[int, tuple[bytes, bytes]] = {}
-DEFAULT_MAP_SIZE = 256 * MiB
-DEFAULT_MAX_MAP_SIZE = 1 << 40
 # "full": every message's checksum and both environments' structure are checked at open (about 2 s
 # per million small messages here); "quick": the state environment's structure, the message file's
 # meta pages and length, and each channel's first and last message; damage elsewhere is found when a
 # message is read (it is skipped, logged and counted) or by `streaming-server check`.
-VERIFY_MODES = ("full", "quick")
-_DAMAGED_LOG_LIMIT = 10_000  # damaged messages remembered (each is logged once)
-_DAMAGED = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.VersionMismatchError)
-
-
-class _ResizeGate:
-    """Many transactions at once, or one map resize alone (LMDB requires no open transaction)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._active = 0
-        self._resizing = False
-
-    @contextlib.contextmanager
-    def shared(self) -> Iterator[None]:
-        with self._cond:
-            while self._resizing:
-                self._cond.wait()
-            self._active += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._active -= 1
-                self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        with self._cond:
-            while self._resizing:
-                self._cond.wait()
-            self._resizing = True
-            while self._active:
-                self._cond.wait()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._resizing = False
-                self._cond.notify_all()
-
-
-class Environment:
-    """One LMDB environment with its named databases, write lock and resize gate."""
-
-    def __init__(self, path: Path, names: Sequence[str], map_size: int, max_map_size: int, **flags: Any) -> None:
-        self.path = path
-        self.max_map_size = max_map_size
-        path.mkdir(parents=True, exist_ok=True)
-        try:
-            self.env = lmdb.open(str(path), map_size=map_size, max_dbs=len(names), **flags)
-        except lmdb.Error as exc:
-            # LMDB reports a mangled meta page with a plain Error ("data format ... not supported").
-            if isinstance(exc, _DAMAGED) or (path / "data.mdb").exists():
-                raise DamagedStoreError(f"{path / 'data.mdb'} is damaged or not an LMDB file ({exc})") from exc
-            raise StoreError(f"{path}: cannot open the LMDB environment ({exc})") from exc
-        try:
-            self.dbs = {name: self.env.open_db(name.encode()) for name in names}
-        except lmdb.Error as exc:
-            self.env.close()
-            if isinstance(exc, _DAMAGED):
-                raise DamagedStoreError(f"{path / 'data.mdb'} is damaged ({exc})") from exc
-            raise self._write_error(exc) from exc
-        self.gate = _ResizeGate()
-        self.write_lock = threading.Lock()
-
-    def read(self, fn: Callable[[lmdb.Transaction], T]) -> T:
-        with self.gate.shared():
-            try:
-                with self.env.begin() as txn:
-                    return fn(txn)
-            except _DAMAGED as exc:
-                raise IntegrityError(f"{self.path}: the LMDB file is damaged ({exc})") from exc
-
-    def write(self, fn: Callable[[lmdb.Transaction], T]) -> T:
-        """Run `fn` in one write transaction and commit; retried whole after growing a full map.
-
-        Callers hold `write_lock` and change in-memory mirrors only after this returns.
-        """
-        while True:
-            try:
-                with self.gate.shared(), self.env.begin(write=True) as txn:
-                    return fn(txn)
-            except lmdb.MapFullError:
-                self._grow()
-            except _DAMAGED as exc:
-                raise IntegrityError(f"{self.path}: the LMDB file is damaged ({exc})") from exc
-            except lmdb.Error as exc:
-                raise self._write_error(exc) from exc
-
-    def _grow(self) -> None:
-        with self.gate.exclusive():
-            current = self.env.info()["map_size"]
-            if current >= self.max_map_size:
-                raise StoreFullError(f"{self.path}: the store reached its maximum size of {self.max_map_size} bytes")
-            self.env.set_mapsize(min(current * 2, self.max_map_size))
-
-    def _write_error(self, exc: lmdb.Error) -> StoreError:
-        return write_failed(self.path, exc)
-
-    def used_bytes(self) -> int:
-        info, stat = self.env.info(), self.env.stat()
-        return int((info["last_pgno"] + 1) * stat["psize"])
-
-    def map_size(self) -> int:
-        return int(self.env.info()["map_size"])
-
-    def sync(self) -> None:
-        """Flush every commit so far to the disk (for an environment opened with sync=False)."""
-        try:
-            with self.gate.shared():
-                self.env.sync(True)
-        except lmdb.Error as exc:
-            raise self._write_error(exc) from exc
-
-    def close(self) -> None:
-        self.env.close()
+DAMAGED_LOG_LIMIT = 10_000  # damaged messages remembered (each is logged once)
 
 
 class LmdbStore(Store):
@@ -351,7 +221,7 @@ class LmdbStore(Store):
                     )
         self._state = self._open_env(
             "state",
-            ["meta", "subs", "lastsent", "pending", "clients"],
+            STATE_DATABASES,
             map_size,
             max_map_size,
             metasync=False,
@@ -363,7 +233,7 @@ class LmdbStore(Store):
         self._server = self._check_meta(cluster_id)
         self._journal.seed = self._msgs.read(self._journal_seed)
         self._load_channels()
-        self._next_sub_id = self._state.read(self._highest_sub_id) + 1
+        self._subs = SubscriptionState(self._state)
         self._next_channel_id = 1 + max((c.channel_id for c in self._channels.values()), default=0)
         self._next_channel_id = max(self._next_channel_id, self._msgs.read(self._stored_next_channel_id))
         self._in_lmdb = {c.channel_id: c.last_seq for c in self._channels.values()}
@@ -461,14 +331,6 @@ class LmdbStore(Store):
 
         self._channels = {info.name.lower(): info for info in self._msgs.read(load)}
 
-    def _highest_sub_id(self, txn: lmdb.Transaction) -> int:
-        stored = txn.get(b"next_sub_id", db=self._state.dbs["meta"])
-        highest = U64.unpack(stored)[0] - 1 if stored else 0
-        cursor = txn.cursor(db=self._state.dbs["subs"])
-        if cursor.last():
-            highest = max(highest, U64.unpack(cursor.key())[0])
-        return highest
-
     def _stored_next_channel_id(self, txn: lmdb.Transaction) -> int:
         stored = txn.get(b"next_channel_id", db=self._msgs.dbs["meta"])
         return U32.unpack(stored)[0] if stored else 1
@@ -511,7 +373,7 @@ class LmdbStore(Store):
         with self._append_lock, self._msgs.write_lock:
 
             def delete(txn: lmdb.Transaction) -> None:
-                _delete_prefix(txn.cursor(db=self._msgs.dbs["messages"]), U32.pack(info.channel_id))
+                delete_prefix(txn.cursor(db=self._msgs.dbs["messages"]), U32.pack(info.channel_id))
                 txn.delete(name.lower().encode(), db=self._msgs.dbs["channels"])
 
             self._msgs.write(delete)
@@ -711,7 +573,7 @@ class LmdbStore(Store):
     def _found_damaged(self, key: bytes, exc: IntegrityError) -> None:
         self.damaged_reads += 1
         where = (MSG_KEY.unpack(key)[0], key_seq(key))
-        if where in self._damaged or len(self._damaged) >= _DAMAGED_LOG_LIMIT:
+        if where in self._damaged or len(self._damaged) >= DAMAGED_LOG_LIMIT:
             return
         self._damaged[where] = None
         log.error(
@@ -961,82 +823,18 @@ class LmdbStore(Store):
                     )
                 self._wake.wait(0.1)
 
-    # -- subscriptions and clients -----------------------------------------------------------
+    # -- subscriptions and clients (storage.subscription_state) ------------------------------------
 
     def new_subscription_id(self) -> int:
-        with self._state.write_lock:
-            sub_id = self._next_sub_id
-            self._next_sub_id += 1
-            return sub_id
+        return self._subs.new_subscription_id()
 
     def apply(self, updates: Iterable[SubUpdate]) -> None:
-        dbs = self._state.dbs
-        batch = list(updates)
-        if not batch:
-            return
-
-        def write(txn: lmdb.Transaction) -> None:
-            highest = 0
-            for update in batch:
-                if isinstance(update, SetPending):
-                    txn.put(PENDING_KEY.pack(update.sub_id, update.seq), U32.pack(update.attempt), db=dbs["pending"])
-                elif isinstance(update, ClearPending):
-                    txn.delete(PENDING_KEY.pack(update.sub_id, update.seq), db=dbs["pending"])
-                elif isinstance(update, SetLastSent):
-                    txn.put(U64.pack(update.sub_id), U64.pack(update.last_sent), db=dbs["lastsent"])
-                elif isinstance(update, SaveSubscription):
-                    key = U64.pack(update.record.sub_id)
-                    txn.put(key, encode_record(update.record), db=dbs["subs"])
-                    txn.put(key, U64.pack(update.record.last_sent), db=dbs["lastsent"])
-                    highest = max(highest, update.record.sub_id)
-                elif isinstance(update, DeleteSubscription):
-                    key = U64.pack(update.sub_id)
-                    txn.delete(key, db=dbs["subs"])
-                    txn.delete(key, db=dbs["lastsent"])
-                    _delete_prefix(txn.cursor(db=dbs["pending"]), key)
-                elif isinstance(update, SaveClient):
-                    txn.put(update.record.client_id.encode(), encode_record(update.record), db=dbs["clients"])
-                elif isinstance(update, DeleteClient):
-                    txn.delete(update.client_id.encode(), db=dbs["clients"])
-            if highest:
-                stored = txn.get(b"next_sub_id", db=dbs["meta"])
-                if stored is None or U64.unpack(stored)[0] <= highest:
-                    txn.put(b"next_sub_id", U64.pack(highest + 1), db=dbs["meta"])
-
-        with self._state.write_lock:
-            self._state.write(write)
+        self._subs.apply(updates)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def recover(self) -> RecoveredState:
-        dbs = self._state.dbs
-
-        def load(txn: lmdb.Transaction) -> RecoveredState:
-            clients = [decode_record(v, ClientRecord) for v in txn.cursor(db=dbs["clients"]).iternext(keys=False)]
-            last_sent = {U64.unpack(k)[0]: U64.unpack(v)[0] for k, v in txn.cursor(db=dbs["lastsent"]).iternext()}
-            pending: dict[int, dict[int, int]] = {}
-            unpack_key, unpack_attempt = PENDING_KEY.unpack, U32.unpack
-            current_id, current = -1, {}
-            for k, v in txn.cursor(db=dbs["pending"]).iternext():
-                sub_id, seq = unpack_key(k)
-                if sub_id != current_id:
-                    current_id, current = sub_id, pending.setdefault(sub_id, {})
-                current[seq] = unpack_attempt(v)[0]
-            subs = []
-            for v in txn.cursor(db=dbs["subs"]).iternext(keys=False):
-                record = decode_record(v, SubscriptionRecord)
-                own = pending.get(record.sub_id, {})
-                # A delivery's SetPending may have been committed without its SetLastSent.
-                position = max(last_sent.get(record.sub_id, record.last_sent), max(own, default=0))
-                subs.append(RecoveredSubscription(attrs.evolve(record, last_sent=position), own))
-            return RecoveredState(self._server, self.channels(), clients, subs)
-
-        try:
-            return self._state.read(load)
-        except DamagedStoreError:
-            raise
-        except IntegrityError as exc:  # a record that does not decode: the file is damaged
-            raise DamagedStoreError(f"{self._state.path / 'data.mdb'}: {exc}") from exc
+        return self._subs.recover(self._server, self.channels())
 
     def statistics(self) -> StoreStatistics:
         """Messages not yet checkpointed count as the journal bytes that hold them."""
@@ -1084,10 +882,3 @@ class LmdbStore(Store):
 
 def _get_meta(txn: lmdb.Transaction, *, db: lmdb._Database, key: bytes) -> bytes | memoryview | None:
     return txn.get(key, db=db)
-
-
-def _delete_prefix(cursor: lmdb.Cursor, prefix: bytes) -> None:
-    if cursor.set_range(prefix):
-        while cursor.key()[: len(prefix)] == prefix:
-            if not cursor.delete():
-                break

@@ -55,11 +55,11 @@ from storage.codec import (
     value_intact,
 )
 from storage.dirlock import DirectoryLock
+from storage.environment import Environment
 from storage.errors import IntegrityError, StoreError
 from storage.integrity import is_empty_or_missing, lmdb_file_problem, messages, structure_problems
 from storage.journal import NAMES as JOURNAL_NAMES
 from storage.journal import Seed, fsync_directory, keyed, next_record, record_at, unkeyed
-from storage.lmdb_store import Environment
 from storage.records import ChannelInfo, ClientRecord, SubscriptionRecord
 
 T = TypeVar("T")

@@ -32,53 +32,73 @@ def _server_parser() -> argparse.ArgumentParser:
         "On a stopped server: `streaming-server check --dir DIR` lists what is damaged in a data directory, "
         "`streaming-server repair --dir DIR` keeps everything intact and sets the damaged files aside.",
     )
-    add = parser.add_argument
-    add("-c", "--config", help="TOML configuration file")
-    add("-a", "--addr", "--net", dest="host", help="interface to listen on (default 0.0.0.0)")
-    add("-p", "--port", type=int, help="NATS client port (default 4222; 0 = any free port)")
-    add(
-        "-m",
-        "--http_port",
-        type=int,
-        help="HTTP monitoring port: /metrics and /streaming/*z (default 0 = off, -1 = any free port)",
-    )
-    add("-cid", "--cluster_id", help="cluster ID (default test-cluster)")
-    add("-st", "--store", choices=["lmdb", "memory"], help="store type (default lmdb)")
-    add("--dir", help="data directory for the lmdb store (default ./streaming-data)")
-    add(
+    parser.add_argument("-c", "--config", help="TOML configuration file")
+    dur, size = _flag(parse_duration), _flag(parse_size)
+
+    net = parser.add_argument_group("network").add_argument
+    net("-a", "--addr", "--net", dest="host", help="interface to listen on (default 0.0.0.0)")
+    net("-p", "--port", type=int, help="NATS client port (default 4222; 0 = any free port)")
+    net("-cid", "--cluster_id", help="cluster ID (default test-cluster)")
+    net("--max_payload", type=size, help="largest message accepted (default 1MB)")
+    net("--max_pending", type=size, help="bytes queued for a client before it is cut off as slow (default 64MB)")
+    net("--write_deadline", type=dur, help="a client must take a write within this (default 10s)")
+    net("--connect_timeout", type=dur, help="a connection must send CONNECT within this (default 2s)")
+    net("--ping_interval", type=dur, help="interval between NATS pings to clients (default 2m)")
+
+    store = parser.add_argument_group("store").add_argument
+    store("-st", "--store", choices=["lmdb", "memory"], help="store type (default lmdb)")
+    store("--dir", help="data directory for the lmdb store (default ./streaming-data)")
+    store(
         "--file_sync",
         type=_flag(parse_bool),
         metavar="BOOL",
         help="fsync every commit (default true); false: flush every --sync_interval instead, so a machine "
         "crash loses up to that much and can damage the store (a crash of the server process loses nothing)",
     )
-    add("--sync_interval", type=_flag(parse_duration), help="with --file_sync=false: how often to flush (default 1s)")
-    add(
+    store("--sync_interval", type=dur, help="with --file_sync=false: how often to flush (default 1s)")
+    store(
         "--verify_on_start",
         choices=["full", "quick"],
         help="what the lmdb store checks before serving: full (every message's checksum, default) or quick "
         "(damage elsewhere is found when a message is read, or by `streaming-server check`)",
     )
-    add("-mc", "--max_channels", type=int, help="max number of channels (default 100, 0 = unlimited)")
-    add("-msu", "--max_subs", type=int, help="max subscriptions per channel (default 1000, 0 = unlimited)")
-    add("-mm", "--max_msgs", type=int, help="max messages per channel (default 1000000, 0 = unlimited)")
-    add("-mb", "--max_bytes", type=_flag(parse_size), help="max bytes per channel (default 1024000000, 0 = unlimited)")
-    add("-ma", "--max_age", type=_flag(parse_duration), help="max message age (default 0 = unlimited)")
-    add("--max_inactivity", type=_flag(parse_duration), help="delete channels idle this long (default 0 = never)")
-    add("-hbi", "--hb_interval", type=_flag(parse_duration), help="interval between server heartbeats (default 30s)")
-    add("-hbt", "--hb_timeout", type=_flag(parse_duration), help="wait for a heartbeat answer (default 10s)")
-    add("-hbf", "--hb_fail_count", type=int, help="failed heartbeats before a client is closed (default 10)")
-    add("--event_log", help="write the delivery event log (JSON Lines) into this directory (default off)")
-    add("--event_log_rotate", type=_flag(parse_size), help="start a new event log file past this size (default 64MB)")
-    add("--max_payload", type=_flag(parse_size), help="largest message accepted (default 1MB)")
-    add(
-        "--ack_wait_ms",
+    store("--recovery_hold", type=dur, help="after a restart, wait this long for clients with pending messages (5s)")
+
+    limits = parser.add_argument_group("limits (per channel unless said; the config file sets them per channel)")
+    lim = limits.add_argument
+    lim("-mc", "--max_channels", type=int, help="max number of channels (default 100, 0 = unlimited)")
+    lim("-msu", "--max_subs", type=int, help="max subscriptions per channel (default 1000, 0 = unlimited)")
+    lim("-mm", "--max_msgs", type=int, help="max messages per channel (default 1000000, 0 = unlimited)")
+    lim("-mb", "--max_bytes", type=size, help="max bytes per channel (default 1024000000, 0 = unlimited)")
+    lim("-ma", "--max_age", type=dur, help="max message age (default 0 = unlimited)")
+    lim("--max_inactivity", type=dur, help="delete channels idle this long (default 0 = never)")
+
+    hb = parser.add_argument_group("heartbeats").add_argument
+    hb("-hbi", "--hb_interval", type=dur, help="interval between server heartbeats (default 30s)")
+    hb("-hbt", "--hb_timeout", type=dur, help="wait for a heartbeat answer (default 10s)")
+    hb("-hbf", "--hb_fail_count", type=int, help="failed heartbeats before a client is closed (default 10)")
+
+    mon = parser.add_argument_group("monitoring").add_argument
+    mon(
+        "-m",
+        "--http_port",
+        type=int,
+        help="HTTP monitoring port: /metrics and /streaming/*z (default 0 = off, -1 = any free port)",
+    )
+    mon("--event_log", help="write the delivery event log (JSON Lines) into this directory (default off)")
+    mon("--event_log_rotate", type=size, help="start a new event log file past this size (default 64MB)")
+
+    logs = parser.add_argument_group("logging").add_argument
+    logs("-D", "--debug", action="store_true", help="debug logging")
+    logs("-V", "--trace", action="store_true", help="trace logging (as debug, plus protocol detail)")
+
+    tests = parser.add_argument_group("tests").add_argument
+    tests(
+        "--allow_ms_ack_wait",
         action="store_true",
         default=None,
         help="TEST ONLY: read a negative AckWait from clients as milliseconds",
     )
-    add("-D", "--debug", action="store_true", help="debug logging")
-    add("-V", "--trace", action="store_true", help="trace logging (as debug, plus protocol detail)")
     return parser
 
 
@@ -130,7 +150,7 @@ def _way_forward(directory: str) -> str:
     where = shlex.quote(directory)
     return (
         f"`streaming-server check --dir {where}` lists every problem, `streaming-server repair --dir {where}` keeps "
-        "everything intact and sets the damaged files aside (see docs/store.md)"
+        "everything intact and sets the damaged files aside (see docs/storage.md)"
     )
 
 
@@ -211,16 +231,45 @@ async def _run_server(config: ServerConfig) -> None:
 # -- the `streaming` client command ----------------------------------------------------------------
 
 
+def _connection_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """The connection options; accepted before the subcommand and after it (`streaming pub -s ...`).
+    Only the main parser has defaults, so a subcommand's parser never overwrites what came before."""
+
+    def default(value: str) -> str:
+        return value if defaults else argparse.SUPPRESS
+
+    add = parser.add_argument
+    add("-s", "--server", default=default("127.0.0.1:4222"), help="host:port (default 127.0.0.1:4222)")
+    add("-c", "--cluster_id", default=default("test-cluster"), help="cluster ID (default test-cluster)")
+    add("-id", "--client_id", default=default(""), help="client ID (default: a random one)")
+    add("--connect_timeout", type=_flag(parse_duration), default=default("5s"), help="wait for the server (default 5s)")
+
+
 def _client_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="streaming", description="Publish to and subscribe on a STAN server.")
-    parser.add_argument("-s", "--server", default="127.0.0.1:4222", help="host:port (default %(default)s)")
-    parser.add_argument("-c", "--cluster_id", default="test-cluster", help="cluster ID (default %(default)s)")
-    parser.add_argument("-id", "--client_id", default="", help="client ID (default: a random one)")
+    parser = argparse.ArgumentParser(
+        prog="streaming",
+        description="Publish to and subscribe on a STAN server.",
+        epilog="Connection options go before or after the subcommand: `streaming pub -s host:4222 orders hello`.",
+    )
+    _connection_options(parser, defaults=True)
     commands = parser.add_subparsers(dest="command", required=True)
-    pub = commands.add_parser("pub", help="publish messages and wait for each PubAck")
+    pub = commands.add_parser(
+        "pub",
+        help="publish messages, each stored before the command ends",
+        description="Publish messages (or each line of standard input) and wait until the server has stored "
+        "every one; prints the count and the rate at the end.",
+    )
+    _connection_options(pub, defaults=False)
     pub.add_argument("channel")
     pub.add_argument("message", nargs="*", help="messages (default: one per line of standard input)")
-    sub = commands.add_parser("sub", help="print messages as they arrive: seq, redelivered, attempt, data")
+    pub.add_argument("-q", "--quiet", action="store_true", help="print only the summary, not each message")
+    sub = commands.add_parser(
+        "sub",
+        help="print messages as they arrive: seq, redelivered, attempt, data",
+        description="Print messages as they arrive. Our extensions (ignored by other STAN servers): "
+        "--max_deliver, --backoff, --max_inflight_redeliveries, and in-progress acks (--ack_progress).",
+    )
+    _connection_options(sub, defaults=False)
     sub.add_argument("channel")
     sub.add_argument("--durable", default="", help="durable name")
     sub.add_argument("--queue", "--qgroup", dest="queue", default="", help="queue group")
@@ -231,30 +280,84 @@ def _client_parser() -> argparse.ArgumentParser:
     start.add_argument("--last", action="store_true", help="start with the last stored message")
     start.add_argument("--seq", type=int, help="start at this sequence")
     start.add_argument("--since", type=_flag(parse_duration), help="start with messages from this long ago (e.g. 1m)")
-    sub.add_argument("--manual_ack", action="store_true", help="ack explicitly (see --no_ack)")
+    sub.add_argument("--manual_ack", action="store_true", help="ack explicitly (see --no_ack, --ack_delay)")
     sub.add_argument("--no_ack", action="store_true", help="with --manual_ack: never ack (watch redeliveries)")
+    sub.add_argument(
+        "--ack_delay",
+        type=_flag(parse_duration),
+        default=0.0,
+        help="with --manual_ack: work this long on each message before acking it (a slow handler)",
+    )
+    sub.add_argument(
+        "--ack_progress",
+        action="store_true",
+        help="with --ack_delay: tell the server every half AckWait that the message is still being worked on, "
+        "so it is not redelivered meanwhile",
+    )
+    sub.add_argument(
+        "--max_deliver",
+        type=int,
+        default=0,
+        help="deliver each message at most this often, then publish it to the dead-letter channel (default 0 = "
+        "no limit)",
+    )
+    sub.add_argument(
+        "--dead_letter",
+        default="",
+        metavar="CHANNEL",
+        help="with --max_deliver: where messages go after their last attempt (default CHANNEL.dead)",
+    )
+    sub.add_argument(
+        "--backoff",
+        type=_flag(_durations),
+        default=(),
+        metavar="DELAYS",
+        help="wait these long before each redelivery in turn, then the last again (e.g. 1s,5s,30s; default: AckWait)",
+    )
+    sub.add_argument(
+        "--max_inflight_redeliveries",
+        action="store_true",
+        help="count redeliveries against MaxInflight too (a slow consumer is not flooded after a restart)",
+    )
     sub.add_argument("--count", type=int, default=0, help="exit after this many messages (default: run forever)")
     sub.add_argument("--unsubscribe", action="store_true", help="unsubscribe on exit (default: close)")
     return parser
 
 
+def _durations(text: str) -> tuple[float, ...]:
+    delays = tuple(parse_duration(part.strip()) for part in text.split(",") if part.strip())
+    if not delays or any(d <= 0 for d in delays):
+        raise ValueError(f"expected positive durations separated by commas (1s,5s,30s), got {text!r}")
+    return delays
+
+
 def client_main(argv: list[str] | None = None) -> int:
-    args = _client_parser().parse_args(argv)
+    parser = _client_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     host, _, port = args.server.rpartition(":")
     if not host or not port.isdigit():
         print(f"streaming: --server must be host:port, got {args.server!r}", file=sys.stderr)
         return 2
+    if args.command == "sub" and args.ack_progress and not (args.manual_ack and args.ack_delay > 0):
+        parser.error("--ack_progress needs --manual_ack and an --ack_delay")
     args.client_id = args.client_id or f"streaming-cli-{int(time.time() * 1000) % 10**9}"
-    from streaming.client import StanError
+    from streaming.client import ConnectionClosedError, StanError
 
     try:
         return trio.run(_pub if args.command == "pub" else _sub, args, host, int(port))
-    except StanError as exc:
+    except (StanError, ConnectionClosedError) as exc:
         print(f"streaming: {exc}", file=sys.stderr)
         return 1
+    except trio.TooSlowError:
+        print(
+            f"streaming: no answer from a STAN server with cluster ID {args.cluster_id!r} at {args.server} "
+            f"(is the cluster ID right?)",
+            file=sys.stderr,
+        )
+        return 1
     except OSError as exc:
-        print(f"streaming: cannot connect to {args.server}: {exc}", file=sys.stderr)
+        print(f"streaming: cannot connect to {args.server}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -263,12 +366,41 @@ def client_main(argv: list[str] | None = None) -> int:
 async def _pub(args: argparse.Namespace, host: str, port: int) -> int:
     from streaming.client import connect
 
-    messages = args.message or [line.rstrip("\n") for line in sys.stdin]
-    async with connect(args.cluster_id, args.client_id, host=host, port=port, max_reconnect_attempts=3) as sc:
+    messages = args.message or (line.rstrip("\n") for line in sys.stdin)
+    async with _connect(args, host, port, connect) as sc:
+        started = time.perf_counter()
+        count = 0
+        window = []
         for text in messages:
-            guid = await sc.publish(args.channel, text.encode())
-            print(f"published {text!r} to {args.channel!r} (guid {guid})")
+            window.append((text, await sc.publish_async(args.channel, text.encode())))
+            if len(window) >= 1024:
+                count += await _acked(window, args)
+                window = []
+        count += await _acked(window, args)
+        elapsed = time.perf_counter() - started
+    rate = f", {count / elapsed:,.0f} msgs/s" if elapsed > 0 and count > 1 else ""
+    print(f"published {count} message{'s' if count != 1 else ''} to {args.channel!r} in {elapsed:.3f} s{rate}")
     return 0
+
+
+async def _acked(window: list[tuple[str, Any]], args: argparse.Namespace) -> int:
+    """Wait for each PubAck of the window, in order (an error raises StanError)."""
+    for text, future in window:
+        guid = await future.wait()
+        if not args.quiet:
+            print(f"published {text!r} to {args.channel!r} (guid {guid})")
+    return len(window)
+
+
+def _connect(args: argparse.Namespace, host: str, port: int, connect: Any) -> Any:
+    return connect(
+        args.cluster_id,
+        args.client_id,
+        host=host,
+        port=port,
+        request_timeout_s=args.connect_timeout,
+        max_reconnect_attempts=3,
+    )
 
 
 async def _sub(args: argparse.Namespace, host: str, port: int) -> int:
@@ -284,7 +416,7 @@ async def _sub(args: argparse.Namespace, host: str, port: int) -> int:
     elif args.since is not None:
         start, delta = StartPosition.TIME_DELTA_START, args.since
     async with (
-        connect(args.cluster_id, args.client_id, host=host, port=port) as sc,
+        _connect(args, host, port, connect) as sc,
         sc.subscribe(
             args.channel,
             queue=args.queue,
@@ -295,6 +427,10 @@ async def _sub(args: argparse.Namespace, host: str, port: int) -> int:
             start_sequence=seq,
             start_time_delta_s=delta,
             manual_ack=args.manual_ack,
+            max_deliver=args.max_deliver,
+            dead_letter_channel=args.dead_letter,
+            backoff_s=args.backoff,
+            max_inflight_redeliveries=args.max_inflight_redeliveries,
             close_on_exit=not args.unsubscribe,
         ) as sub,
     ):
@@ -307,8 +443,19 @@ async def _sub(args: argparse.Namespace, host: str, port: int) -> int:
                 flush=True,
             )
             if args.manual_ack and not args.no_ack:
+                await _work(msg, args)
                 msg.ack()
             received += 1
             if args.count and received >= args.count:
                 break
     return 0
+
+
+async def _work(msg: Any, args: argparse.Namespace) -> None:
+    """The slow handler of --ack_delay; with --ack_progress it keeps the message from redelivery."""
+    done = trio.current_time() + args.ack_delay
+    while trio.current_time() < done:
+        step = min(done - trio.current_time(), args.ack_wait / 2) if args.ack_progress else done - trio.current_time()
+        await trio.sleep(step)
+        if args.ack_progress and trio.current_time() < done:
+            msg.in_progress()

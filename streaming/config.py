@@ -152,7 +152,7 @@ class ServerConfig:
     ping_interval: Duration = Duration(120.0)
     max_pings_out: int = 2
     connect_timeout: Duration = Duration(2.0)  # a connection must send CONNECT this soon (0: no limit)
-    ack_wait_ms: bool = False  # test-only: a negative ackWaitInSecs means milliseconds
+    allow_ms_ack_wait: bool = False  # test-only: a negative ackWaitInSecs means milliseconds
     log_level: str = "info"
     event_log: str = ""  # directory for the delivery event log (JSON Lines); empty = off
     event_log_rotate: Size = Size(64 * 1024 * 1024)  # start a new file past this size

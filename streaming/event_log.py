@@ -17,7 +17,7 @@ from typing import IO, Any
 
 import trio
 
-from streaming.engine import (
+from streaming.core.engine import (
     Acked,
     AckTimedOut,
     DeadLettered,

@@ -2,8 +2,8 @@
 
 glibc keeps the memory of freed large buffers (a connection's half-received 1 MB message, a slow
 consumer's pending output) in its heap for later use: 100 connections that each leave one behind
-keep ~100 MB of resident memory after they are gone. `malloc_trim` returns it; here it costs about
-0.1 ms with a 100 MB heap. Elsewhere than glibc this does nothing.
+keep that memory resident after they are gone. `malloc_trim` returns it, cheaply (bench/README.md,
+**soak**). Elsewhere than glibc this does nothing.
 """
 
 from __future__ import annotations

@@ -11,14 +11,13 @@ from __future__ import annotations
 import platform
 from collections.abc import Callable, Iterator
 from importlib import metadata
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from streaming.engine import (
+from streaming.core.engine import (
     Acked,
     AckTimedOut,
     DeadLettered,
@@ -27,11 +26,9 @@ from streaming.engine import (
     MemberJoined,
     MemberLeft,
 )
-from streaming.nats.broker import PROTOCOL_ERROR_KINDS
+from streaming.running import Running
+from streaming.stan.broker import PROTOCOL_ERROR_KINDS
 from streaming.stan.server import REFUSAL_KINDS
-
-if TYPE_CHECKING:
-    from streaming.server import Running
 
 PREFIX = "streaming"
 # Ack latency reaches past the largest AckWait users set (minutes), so late acks land in a bucket.
@@ -165,9 +162,9 @@ class _StateCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         running = self.running
         stan, store, broker = running.stan, running.store, running.broker
-        yield GaugeMetricFamily(f"{PREFIX}_clients", "Registered STAN clients", value=len(stan.clients()))
+        yield GaugeMetricFamily(f"{PREFIX}_clients", "Registered STAN clients", value=len(stan.clients.records()))
 
-        views = stan.engine.views() if stan.ready.is_set() else []
+        views = running.core.engine.views() if running.core.ready.is_set() else []
         subs = GaugeMetricFamily(f"{PREFIX}_subscriptions", "Subscriptions", labels=["state"])
         online = sum(1 for v in views if v.online)
         subs.add_metric(["online"], online)
@@ -225,7 +222,7 @@ class _StateCollector(Collector):
         writable = GaugeMetricFamily(
             f"{PREFIX}_store_writable", "1 while the store takes writes, 0 while it refuses them (a full disk)"
         )
-        writable.add_metric([], 0 if stan.store_write_error() is not None else 1)
+        writable.add_metric([], 0 if running.core.store_write_error() is not None else 1)
         yield writable
         damaged = GaugeMetricFamily(
             f"{PREFIX}_store_damaged_messages", "Stored messages found failing their checksum when read (skipped)"

@@ -14,7 +14,7 @@ import os
 import platform
 import resource
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -26,11 +26,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from storage import ChannelInfo
-from streaming.engine import SubscriptionView
+from streaming.core.engine import SubscriptionView
 from streaming.metrics import Metrics, version
-
-if TYPE_CHECKING:
-    from streaming.server import Running
+from streaming.running import Running
 
 log = logging.getLogger(__name__)
 DEFAULT_LIMIT = 1024
@@ -121,8 +119,8 @@ class Monitor:
         }
 
     def _views(self) -> list[SubscriptionView]:
-        stan = self.running.stan
-        return stan.engine.views() if stan.ready.is_set() else []
+        core = self.running.core
+        return core.engine.views() if core.ready.is_set() else []
 
     async def index(self, request: Request) -> Response:
         return JSONResponse(
@@ -149,7 +147,7 @@ class Monitor:
                 "state": "STANDALONE",
                 "start_time": _rfc3339(self.started),
                 "uptime": _uptime(now - self.started),
-                "clients": len(running.stan.clients()),
+                "clients": len(running.stan.clients.records()),
                 "subscriptions": len(self._views()),
                 "channels": len(channels),
                 "total_msgs": sum(c.msgs for c in channels),
@@ -168,7 +166,7 @@ class Monitor:
         limits = store.limits
         channels = store.channels()
         stats = store.statistics()
-        error = self.running.stan.store_write_error()
+        error = self.running.core.store_write_error()
         return JSONResponse(
             {
                 **self._head(),
@@ -199,7 +197,7 @@ class Monitor:
     async def clientsz(self, request: Request) -> Response:
         subs = _flag(request, "subs")
         views = self._views() if subs else []
-        clients = sorted(self.running.stan.clients(), key=lambda c: c.client_id)
+        clients = sorted(self.running.stan.clients.records(), key=lambda c: c.client_id)
 
         def client_json(client_id: str, hb_inbox: str) -> dict[str, Any]:
             out: dict[str, Any] = {"id": client_id, "hb_inbox": hb_inbox}

@@ -1,5 +1,6 @@
-"""The whole server in one call: `serve(config)` opens the store, starts the STAN layer and the NATS
-listener, and runs until cancelled (then flushes and closes the store).
+"""The whole server in one call: `serve(config)` opens the store, recovers the delivery core, opens the
+front doors (STAN over the embedded NATS broker) and the monitoring port, and runs until cancelled
+(then flushes and closes the store).
 
 Tests run it in a nursery on port 0: `port = await nursery.start(serve, config)`.
 """
@@ -10,32 +11,22 @@ import logging
 from functools import partial
 from pathlib import Path
 
-import attrs
 import trio
 
 from storage import Store, StoreError, open_store
 from streaming.config import ServerConfig
+from streaming.core.observers import Fanout
+from streaming.core.runtime import call_store
+from streaming.core.service import Core
 from streaming.event_log import EventLog
 from streaming.metrics import Metrics
 from streaming.monitor import Monitor, serve_monitor
-from streaming.nats.broker import Broker, BrokerConfig
-from streaming.observers import Fanout
-from streaming.runtime import call_store
-from streaming.stan.server import StanConfig, StanServer
+from streaming.running import Running
+from streaming.stan.broker import Broker, BrokerConfig
+from streaming.stan.config import StanConfig
+from streaming.stan.server import StanServer
 
 log = logging.getLogger(__name__)
-
-
-@attrs.define
-class Running:
-    """What `serve` hands to `task_status.started` in tests that want more than the port."""
-
-    port: int
-    broker: Broker
-    stan: StanServer
-    store: Store
-    http_port: int = 0  # the monitoring port, when one is served
-    event_log: EventLog | None = None
 
 
 def broker_config(config: ServerConfig) -> BrokerConfig:
@@ -59,8 +50,7 @@ def stan_config(config: ServerConfig) -> StanConfig:
         hb_timeout_s=config.hb_timeout,
         hb_fail_count=config.hb_fail_count,
         dup_check_timeout_s=config.dup_check_timeout,
-        recovery_hold_s=config.recovery_hold,
-        ack_wait_ms=config.ack_wait_ms,
+        allow_ms_ack_wait=config.allow_ms_ack_wait,
     )
 
 
@@ -84,22 +74,23 @@ async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] =
         metrics = Metrics() if config.http_port else None
         event_log = EventLog(Path(config.event_log), rotate_bytes=config.event_log_rotate) if config.event_log else None
         observers: list[Metrics | EventLog] = [o for o in (metrics, event_log) if o is not None]
-        stan = StanServer(
-            stan_config(config),
-            broker,
+        core = Core(
             store,
             store_in_thread=config.store == "lmdb",
             engine_observers=observers,
             observer=Fanout(list(observers)) if observers else None,
+            recovery_hold_s=config.recovery_hold,
         )
+        stan = StanServer(stan_config(config), broker, core)
         async with trio.open_nursery() as nursery:
             if event_log is not None:
                 await nursery.start(event_log.run)
             if not store.synced:
                 nursery.start_soon(partial(sync_periodically, store, config.sync_interval, in_thread=True))
+            await nursery.start(core.run)
             await nursery.start(stan.run)
             port = await nursery.start(broker.serve)
-            running = Running(port, broker, stan, store, event_log=event_log)
+            running = Running(port, broker, core, stan, store, event_log=event_log)
             if metrics is not None:
                 metrics.attach(running)
                 monitor = Monitor(running, metrics, config.store)

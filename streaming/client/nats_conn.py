@@ -1,4 +1,4 @@
-"""A NATS core client connection under Trio, built on the sans-IO parser in streaming.nats.protocol.
+"""A NATS core client connection under Trio, built on the sans-IO parser in streaming.wire.nats.
 
 It reconnects by itself after a TCP drop (re-sending CONNECT, then every subscription with the same
 sid) and tells its owner through `on_reconnect`, so a STAN session survives. While disconnected,
@@ -6,8 +6,8 @@ publishes are dropped, as stan.go does (its owner re-sends what matters: unackno
 Writes are coalesced: `publish` queues bytes; one writer task sends whatever accumulated. A publish
 marked `at_once` (the STAN client's messages) after a quiet spell (nothing written for
 `_STREAMING_GAP_S`) is written straight to the socket instead: a non-blocking write without the hop
-to the writer task, ~25 us of a lone publish's latency. Acks are not marked: sent at once, each one
-woke the server by itself, and publish-to-delivery p99 went from 0.85 to 0.95 ms in bench/latency.py.
+to the writer task, a noticeable part of a lone publish's latency. Acks are not marked: sent at once,
+each one woke the server by itself, and publish-to-delivery p99 grew (bench/README.md, **latency**).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from streaming.nats import protocol as p
-from streaming.nats.sockets import write_now
+from streaming.wire import nats as p
+from streaming.wire.sockets import write_now
 
 log = logging.getLogger(__name__)
 _STREAMING_GAP_S = 100e-6  # publishes closer together than this are left to the writer, to go together
@@ -37,7 +37,7 @@ class NatsError(Exception):
     """The server answered with -ERR."""
 
 
-@attrs.define(slots=True)  # one per message: not frozen (see streaming.nats.protocol.Pub); treat as immutable
+@attrs.define(slots=True)  # one per message: not frozen (see streaming.wire.nats.Pub); treat as immutable
 class NatsMsg:
     subject: str
     reply: str

@@ -32,7 +32,7 @@ from google.protobuf.message import Message as ProtoMessage
 from storage.records import StartPosition  # one definition of the wire's start positions
 from streaming.client.dedup import AckFloor, RecentAcks
 from streaming.client.nats_conn import ConnectionClosedError, NatsConnection, NatsMsg, new_inbox
-from streaming.stan.pb import protocol_pb2 as pb
+from streaming.wire.stan_pb import protocol_pb2 as pb
 
 log = logging.getLogger(__name__)
 R = TypeVar("R", bound=ProtoMessage)
@@ -418,7 +418,7 @@ class StanClient:
         Loops that publish many messages go fastest with this and a checkpoint
         (`await trio.lowlevel.checkpoint()`) every hundred or so: what was queued since the last one
         leaves in one write, and the server works on it while the loop queues more (without any, a
-        full window of 16,384 is queued before the first byte is sent: ~15% slower here).
+        full window of 16,384 is queued before the first byte is sent, which is slower).
         """
         self._check_open()
         if len(self._pubs) >= self._max_pubs:
@@ -512,7 +512,7 @@ class StanClient:
         """Subscribe without a context manager; call `unsubscribe()` or `close()` on the result.
 
         `ack_wait` is seconds; a fraction of a second is sent as negative milliseconds, which only a
-        server started with the test-only `ack_wait_ms` option accepts. `suppress_copies` (default)
+        server started with the test-only `allow_ms_ack_wait` option accepts. `suppress_copies` (default)
         drops a redelivered copy of a message already acked here or still waiting to be handed out;
         False hands every delivery to the application, as the reference clients do.
         """

@@ -1,2 +1,3 @@
-"""The STAN layer: NATS Streaming's protobuf requests (`requests`), publish group commit (`publisher`),
-and the Trio server that answers clients on the embedded broker (`server`)."""
+"""The STAN front door: NATS Streaming clients over the embedded NATS core broker (`broker`). The
+door's requests are decoded in `requests`, answered in `server`, clients are tracked in `clients`,
+and deliveries and PubAcks leave through its port (`outbound`)."""

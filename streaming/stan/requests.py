@@ -15,9 +15,9 @@ from google.protobuf.message import DecodeError, Message
 
 from storage.base import MAX_NAME_BYTES
 from storage.records import StartPosition, SubOptions
-from streaming.engine import SubscribeRequest
-from streaming.stan import errors
-from streaming.stan.pb import protocol_pb2 as pb
+from streaming.core import errors
+from streaming.core.engine import SubscribeRequest
+from streaming.wire.stan_pb import protocol_pb2 as pb
 
 _CLIENT_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 
@@ -37,8 +37,8 @@ def valid_client_id(client_id: str) -> bool:
 _CHANNEL = re.compile(r"[^./*>\s]+(\.[^./*>\s]+)*")
 
 
-# Every publish asks, for the same few names: a regex each time cost ~4% of the server's CPU per
-# publish (7.8-7.9 -> 7.4-7.6 us over 300,000 pipelined publishes, four runs each way).
+# Every publish asks, for the same few names: a regex each time was a measurable share of the
+# server's CPU per publish (bench/README.md, **wire**).
 @functools.lru_cache(maxsize=4096)
 def valid_channel(name: str) -> bool:
     """A channel name: a literal NATS subject (no wildcards, no `/`) of at most MAX_NAME_BYTES."""

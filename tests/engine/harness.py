@@ -1,8 +1,10 @@
-"""Drives the engine synchronously with a virtual clock, as the Trio runtime would, for engine tests.
+"""Drives the engine through the real commit pipeline, synchronously with a virtual clock, for engine
+tests.
 
-Timers are simulated exactly: `advance(dt)` fires every subscription's deadline in deadline order at
-the deadline itself. Store updates (their net effect) and dead letters are written as the runtime
-writes them.
+Publishes, acks and subscriptions go through `streaming.core.pipeline.Pipeline`, as the server's
+front doors do; what it queues for writing is written at once (dead letters first, through the same
+pipeline, then the net effect of the updates), as the runtime writes it. Timers are simulated
+exactly: `advance(dt)` fires every subscription's deadline in deadline order at the deadline itself.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from storage import (
     ClientRecord,
     MemoryStore,
     Message,
-    NewMessage,
     SetPending,
     StartPosition,
     Store,
@@ -24,7 +25,10 @@ from storage import (
     SubUpdate,
     net_effect,
 )
-from streaming.engine import Delivery, Engine, Event, Reason, SubscribeRequest, dead_letter_payload
+from streaming.core.engine import DeadLetter, Delivery, Engine, Event, Reason, SubscribeRequest, dead_letter_payload
+from streaming.core.outbound import Publish
+from streaming.core.pipeline import Pipeline, StateWriter
+from tests.engine.doors import RecordingDoor
 from tests.storage.pending_model import PendingEntries
 
 S = 1_000_000_000
@@ -49,17 +53,64 @@ class Recorder:
         self.events.append(event)
 
 
+class SyncWriter(StateWriter):
+    """Writes what the pipeline queues at once, in order: dead letters (committed through the
+    pipeline, so they are delivered like any message), then the net effect of the updates."""
+
+    def __init__(self, harness: Harness) -> None:
+        self._harness = harness
+        self._queued: list[tuple[list[DeadLetter], list[SubUpdate]]] = []
+        self._writing = False
+
+    def queue(self, dead_letters: list[DeadLetter], updates: list[SubUpdate]) -> None:
+        self._queued.append((dead_letters, updates))
+        if self._writing:  # a dead letter's commit queued more: written after what came before it
+            return
+        self._writing = True
+        try:
+            while self._queued:
+                dead, batch = self._queued.pop(0)
+                if dead:
+                    self._harness.pipeline.commit(
+                        [Publish(d.channel, dead_letter_payload(d), "", "", "") for d in dead]
+                    )
+                if batch:
+                    store = self._harness.store
+                    check_fresh(store, batch)
+                    store.apply(net_effect(batch))
+        finally:
+            self._writing = False
+
+
 class Harness:
     def __init__(self, store: Store | None = None, limits: StoreLimits | None = None) -> None:
         self.store = store if store is not None else MemoryStore(limits=limits)
         self.now = 100.0
         self.wall_ns = 1_700_000_000 * S
-        self.engine = Engine(self.store)
         self.recorder = Recorder()
-        self.engine.add_observer(self.recorder)
         self.received: dict[int, list[Delivery]] = defaultdict(list)
         self.log: list[Delivery] = []
         self._inboxes = 0
+        self._build(Engine(self.store))
+
+    def _build(self, engine: Engine) -> None:
+        self.engine = engine
+        self.engine.add_observer(self.recorder)
+        self.door = RecordingDoor(clock=lambda: self.now)
+        self.door.deliver = self._received  # type: ignore[method-assign]
+        self.pipeline = Pipeline(
+            self.store,
+            engine,
+            self.door,
+            SyncWriter(self),
+            clock=lambda: self.now,
+            wall_clock_ns=lambda: self.wall_ns,
+        )
+
+    def _received(self, deliveries: Sequence[Delivery]) -> None:
+        for delivery in deliveries:
+            self.received[delivery.sub_id].append(delivery)
+            self.log.append(delivery)
 
     # -- time --------------------------------------------------------------------------------------
 
@@ -77,7 +128,7 @@ class Harness:
             self.tick_to(max(self.now, deadline))
             while self.engine.expire(sub_id, self.now):
                 pass
-            self.collect()
+            self.pipeline.settle()
         self.tick_to(end)
 
     def tick_to(self, when: float) -> None:
@@ -89,25 +140,20 @@ class Harness:
     def client(self, client_id: str = "c") -> str:
         """Register a client as the server does: in the store (it survives restarts) and the engine."""
         self.store.register_client(ClientRecord(client_id, f"_HB.{client_id}"))
-        self.engine.add_client(client_id)
+        self.pipeline.add_client(client_id)
         return client_id
 
     def drop_client(self, client_id: str) -> None:
         self.store.unregister_client(client_id)
-        self.engine.client_closed(client_id, self.now)
-        self.collect()
+        self.pipeline.client_closed(client_id)
 
     def publish(self, channel: str, *payloads: bytes, count: int = 0) -> list[int]:
         data = list(payloads) or [b"m%d" % i for i in range(count)]
         self.store.ensure_channel(channel)
-        result = self.store.append([NewMessage(channel, d) for d in data], now_unix_ns=self.wall_ns)
-        for name, dropped in result.dropped.items():
-            self.engine.on_dropped(name, dropped)
-        # As the server does: the appended messages are known without reading them back.
-        messages = [Message(seq, ts, channel, "", d) for (seq, ts), d in zip(result.assigned, data, strict=True)]
-        self.engine.on_appended(channel, self.now, messages)
-        self.collect()
-        return [seq for seq, _ in result.assigned]
+        info = self.store.channel_info(channel)
+        assert info is not None
+        self.pipeline.commit([Publish(channel, d, "", "", "") for d in data])
+        return list(range(info.last_seq + 1, info.last_seq + 1 + len(data)))
 
     def subscribe(
         self,
@@ -138,36 +184,14 @@ class Harness:
             start_time_delta_ns=int(start_time_delta_s * S),
             options=options or SubOptions(),
         )
-        sub_id = self.engine.subscribe(request, self.now, self.wall_ns)
-        self.collect()
-        return sub_id
+        return self.pipeline.subscribe(request, lambda sub_id: None)
 
     def ack(self, sub_id: int, *seqs: int) -> list[bool]:
-        results = [self.engine.ack(sub_id, seq, self.now) for seq in seqs]
-        self.collect()
-        return results
+        return [self.pipeline.ack(sub_id, seq) for seq in seqs]
 
     def collect(self) -> None:
-        for delivery in self.engine.take_deliveries():
-            self.received[delivery.sub_id].append(delivery)
-            self.log.append(delivery)
-        dead = self.engine.take_dead_letters()
-        if dead:
-            for letter in dead:
-                self.store.ensure_channel(letter.channel)
-            result = self.store.append(
-                [NewMessage(d.channel, dead_letter_payload(d)) for d in dead], now_unix_ns=self.wall_ns
-            )
-            for name, dropped in result.dropped.items():
-                self.engine.on_dropped(name, dropped)
-            for channel in {d.channel for d in dead}:
-                self.engine.on_appended(channel, self.now)
-            self.collect()
-        updates = self.engine.take_updates()
-        if updates:
-            check_fresh(self.store, updates)
-            self.store.apply(net_effect(updates))
-        self.engine.take_timer_changes()
+        """Carry out whatever engine calls made directly (not through the pipeline) left queued."""
+        self.pipeline.settle()
 
     def take(self, sub_id: int) -> list[tuple[int, int, Reason]]:
         """(seq, attempt, reason) of what `sub_id` received since the last take."""
@@ -181,11 +205,9 @@ class Harness:
         """Rebuild the engine from the store (the store must hold everything flushed so far)."""
         self.collect()
         self.store = store if store is not None else self.store
-        self.engine = Engine.recover(self.store)
-        self.engine.add_observer(self.recorder)
+        self._build(Engine.recover(self.store))
         self.received.clear()
-        self.engine.start(self.now)
-        self.collect()
+        self.pipeline.start()
 
     def events(self, kind: type[Any]) -> list[Any]:
         return [e for e in self.recorder.events if isinstance(e, kind)]

@@ -39,8 +39,8 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from storage import ChannelLimits, StoreLimits, SubOptions
-from streaming.engine import DeadLettered, Delivered, Reason, RequestError
-from streaming.engine.errors import DUPLICATE_DURABLE
+from streaming.core.engine import DeadLettered, Delivered, Reason, RequestError
+from streaming.core.errors import DUPLICATE_DURABLE
 from tests.engine.harness import Harness
 
 Owner = tuple[str, str, int]
@@ -105,7 +105,7 @@ class EngineMachine(RuleBasedStateMachine):
     # -- per-delivery checks (I3 part, I4, I5, I9, MaxDeliver) ------------------------------------
 
     def _owner(self, sub_id: int) -> Owner:
-        return self.h.engine.owner_key(sub_id)
+        return self.h.engine.inspect.owner_key(sub_id)
 
     def _check_delivery(self, now: float, event: Delivered) -> None:
         sub_id, seq = event.sub.sub_id, event.seq
@@ -119,7 +119,7 @@ class EngineMachine(RuleBasedStateMachine):
             assert previous is not None
             assert now + EPS >= previous.at + previous.delay, f"I5: {key} redelivered {now - previous.at}s after"
         if event.reason is Reason.NEW:
-            assert not self.h.engine.waiting(sub_id), "I8: a new message went out before due redeliveries"
+            assert not self.h.engine.inspect.waiting(sub_id), "I8: a new message went out before due redeliveries"
             assert previous is None, f"{key} sent as new twice"
             assert seq > self.model.last_new.get(owner, 0), "I9: first deliveries out of order"
             self.model.last_new[owner] = seq
@@ -173,7 +173,7 @@ class EngineMachine(RuleBasedStateMachine):
             self.model.start[owner] = min([record.last_sent, *[s - 1 for s in delivered_now]])
 
     def _pending_of(self, sub_id: int) -> list[int]:
-        return sorted(self.h.engine.pending(sub_id))
+        return sorted(self.h.engine.inspect.pending(sub_id))
 
     @precondition(lambda self: self._online())
     @rule(data=st.data())
@@ -196,11 +196,11 @@ class EngineMachine(RuleBasedStateMachine):
         sub_id = data.draw(st.sampled_from(self._online()))
         owner = self._owner(sub_id)
         members = self._members(owner)
-        if any(seq in self.h.engine.pending(m) for m in members):
+        if any(seq in self.h.engine.inspect.pending(m) for m in members):
             return
-        before = {m: self.h.engine.pending(m) for m in members}
+        before = {m: self.h.engine.inspect.pending(m) for m in members}
         assert self.h.ack(sub_id, seq) == [False]
-        assert {m: self.h.engine.pending(m) for m in members} == before, "a stale ack changed something"
+        assert {m: self.h.engine.inspect.pending(m) for m in members} == before, "a stale ack changed something"
 
     @precondition(lambda self: self._online())
     @rule(data=st.data())
@@ -269,7 +269,7 @@ class EngineMachine(RuleBasedStateMachine):
     @rule()
     def restart(self) -> None:
         self.h.collect()
-        recovered = {s: self.h.engine.pending(s) for s in self._online()}
+        recovered = {s: self.h.engine.inspect.pending(s) for s in self._online()}
         mark = len(self.events)
         self.h.restart()
         self.hb_failed.clear()  # a new server knows nothing of earlier heartbeat failures
@@ -316,7 +316,7 @@ class EngineMachine(RuleBasedStateMachine):
         for sub_id in self.h.engine.subscriptions():
             owners.setdefault(self._owner(sub_id), []).append(sub_id)
         for owner, subs in owners.items():
-            pendings = [set(self.h.engine.pending(s)) for s in subs]
+            pendings = [set(self.h.engine.inspect.pending(s)) for s in subs]
             union: set[int] = set().union(*pendings)
             assert sum(len(p) for p in pendings) == len(union), "I2: a message pending on two members"
             record = self.h.engine.subscription(subs[0])
@@ -335,9 +335,9 @@ class EngineMachine(RuleBasedStateMachine):
     def max_inflight_and_expiry(self) -> None:
         now = self.h.now
         for sub_id in self._online():
-            pending = self.h.engine.pending(sub_id)
+            pending = self.h.engine.inspect.pending(sub_id)
             owner = self._owner(sub_id)
-            in_flight = set(pending) - self.h.engine.waiting(sub_id)
+            in_flight = set(pending) - self.h.engine.inspect.waiting(sub_id)
             new_outstanding = sum(
                 1
                 for seq in in_flight
@@ -346,13 +346,13 @@ class EngineMachine(RuleBasedStateMachine):
             limit = self.model.max_inflight[sub_id]
             assert new_outstanding <= limit, f"I3: {new_outstanding} first deliveries in flight > {limit}"
             if self.limit_redeliveries:
-                assert self.h.engine.in_flight(sub_id) <= limit, "I3: in flight beyond MaxInflight"
+                assert self.h.engine.inspect.in_flight(sub_id) <= limit, "I3: in flight beyond MaxInflight"
                 continue
             record = self.h.engine.subscription(sub_id)
             assert record is not None
             if record.client_id in self.hb_failed:
                 continue  # redeliveries to a client failing heartbeats wait, by design
-            assert not self.h.engine.waiting(sub_id), "I6: due messages are waiting on a healthy subscription"
+            assert not self.h.engine.inspect.waiting(sub_id), "I6: due messages are waiting on a healthy subscription"
             deadline = self.h.engine.next_deadline(sub_id)
             assert deadline is None or deadline > now, "I6: an expired message was not redelivered"
             recovered = self.hb_recovered.get(record.client_id, -1.0)

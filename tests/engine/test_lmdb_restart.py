@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from storage import LmdbStore, StartPosition
-from streaming.engine import Reason, RequestError
+from streaming.core.engine import Reason, RequestError
 from tests.engine.harness import Harness
 
 
@@ -30,7 +30,7 @@ def test_restart_over_lmdb_files(tmp_path: Path) -> None:
     h.ack(durable, 4)
     h.advance(1)  # attempt 2 for everything unacked
     h.engine.close_subscription(offline, h.now)
-    group_pending = sorted(h.engine.pending(q1))
+    group_pending = sorted(h.engine.inspect.pending(q1))
 
     reopen(h, tmp_path)
 

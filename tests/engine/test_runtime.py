@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import pytest
 import trio
@@ -19,31 +20,46 @@ from storage import (
     AppendResult,
     ClientRecord,
     MemoryStore,
-    Message,
     NewMessage,
     SaveClient,
     StoreFullError,
     SubOptions,
     SubUpdate,
 )
-from streaming.engine import Delivery, Engine, Reason, SubscribeRequest
-from streaming.runtime import EngineRuntime
+from streaming.core.engine import Engine, Reason, SubscribeRequest
+from streaming.core.outbound import Publish
+from streaming.core.pipeline import Pipeline
+from streaming.core.runtime import EngineRuntime
+from streaming.core.service import Core
+from tests.engine.doors import RecordingDoor
 
 
 class World:
-    """An engine over a memory store, run by the runtime, recording when each delivery went out."""
+    """The delivery core over a memory store, recording when each delivery went out."""
 
-    def __init__(self) -> None:
-        self.store = MemoryStore()
-        self.engine = Engine(self.store)
-        self.sent: list[tuple[float, Delivery]] = []
-        self.runtime = EngineRuntime(self.engine, self._deliver)
+    def __init__(self, store: MemoryStore | None = None, **options: Any) -> None:
+        self.store = store if store is not None else MemoryStore()
         self.store.register_client(ClientRecord("c", "_HB"))
-        self.engine.add_client("c")
+        self.core = Core(self.store, store_in_thread=False, **options)
+        self.door = RecordingDoor()
+        self.core.doors.add(self.door)
+        self.sent = self.door.sent
 
-    def _deliver(self, deliveries: list[Delivery]) -> None:
-        now = trio.current_time()
-        self.sent += [(now, d) for d in deliveries]
+    @property
+    def engine(self) -> Engine:
+        return self.core.engine
+
+    @property
+    def runtime(self) -> EngineRuntime:
+        return self.core.runtime
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return self.core.pipeline
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        await nursery.start(self.core.run)
+        await self.core.ready.wait()
 
     def subscribe(self, ack_wait_s: float = 1, max_inflight: int = 1024, **options: object) -> int:
         n = len(self.engine.subscriptions())
@@ -56,9 +72,10 @@ class World:
             max_inflight,
             options=SubOptions(**options),  # type: ignore[arg-type]
         )
-        sub_id = self.engine.subscribe(request, trio.current_time(), 0)
-        self.runtime.sync()
-        return sub_id
+        return self.pipeline.subscribe(request, lambda sub_id: None)
+
+    def ack(self, sub_id: int, seq: int) -> bool:
+        return self.pipeline.ack(sub_id, seq)
 
     def record_writes(self, record: Callable[[int], None]) -> None:
         """Call `record(number of updates)` at each `Store.apply`, before it runs."""
@@ -78,11 +95,8 @@ class World:
         return writes
 
     def publish(self, count: int) -> None:
-        self.store.ensure_channel("foo")
-        result = self.store.append([NewMessage("foo", b"x")] * count)
-        messages = [Message(s, ts, "foo", "", b"x") for s, ts in result.assigned]
-        self.engine.on_appended("foo", trio.current_time(), messages)
-        self.runtime.sync()
+        """Commit `count` messages to "foo" through the pipeline, as the group commit does."""
+        self.pipeline.commit([Publish("foo", b"x", "", "", "") for _ in range(count)])
 
 
 def count_tasks() -> int:
@@ -102,10 +116,9 @@ def count_tasks() -> int:
 async def test_redelivery_fires_exactly_at_ack_wait(autojump_clock: trio.testing.MockClock, grace: float) -> None:
     """With no grace the per-subscription timers fire together with the expiry worker (the backstop
     path); either way each redelivery happens once, exactly at its deadline."""
-    w = World()
-    w.runtime = EngineRuntime(w.engine, w._deliver, grace=grace)
+    w = World(grace=grace)
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.runtime.run)
+        await w.start(nursery)
         sub = w.subscribe(ack_wait_s=2)
         start = trio.current_time()
         w.publish(1)
@@ -115,8 +128,7 @@ async def test_redelivery_fires_exactly_at_ack_wait(autojump_clock: trio.testing
         assert [d.attempt for _, d in w.sent] == [1, 2, 3, 4]
         if grace == 0.0:
             assert w.runtime.statistics().timer_fires > 0, "the backstop path really ran"
-        w.engine.ack(sub, 1, trio.current_time())
-        w.runtime.sync()
+        w.ack(sub, 1)
         await trio.sleep(10)
         assert len(w.sent) == 4, "nothing after the ack"
         nursery.cancel_scope.cancel()
@@ -125,7 +137,7 @@ async def test_redelivery_fires_exactly_at_ack_wait(autojump_clock: trio.testing
 async def test_one_timer_task_per_subscription_not_per_message(autojump_clock: trio.testing.MockClock) -> None:
     w = World()
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.runtime.run)
+        await w.start(nursery)
         await trio.sleep(0.1)
         before = count_tasks()
         subs = [w.subscribe(ack_wait_s=1 + i) for i in range(3)]
@@ -133,19 +145,17 @@ async def test_one_timer_task_per_subscription_not_per_message(autojump_clock: t
         await trio.sleep(0.5)
         assert w.runtime.statistics().timer_tasks == 3
         assert count_tasks() - before == 3, "5000 pending messages, three subscriptions: three timer tasks"
-        w.engine.unsubscribe(subs[0], trio.current_time())
-        w.runtime.sync()
+        w.pipeline.unsubscribe(subs[0])
         await trio.lowlevel.checkpoint()
         assert w.runtime.statistics().timer_tasks == 2, "a removed subscription's timer task ends"
         nursery.cancel_scope.cancel()
 
 
 async def test_a_long_expiry_yields_so_acks_are_not_starved(autojump_clock: trio.testing.MockClock) -> None:
-    w = World()
-    w.runtime = EngineRuntime(w.engine, w._deliver, scan_limit=1000)
+    w = World(scan_limit=1000)
     progress_seen: list[int] = []
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.runtime.run)
+        await w.start(nursery)
         sub = w.subscribe(ack_wait_s=1, max_inflight=100_000)
         w.publish(20_000)
         await trio.sleep(0.999)
@@ -156,8 +166,7 @@ async def test_a_long_expiry_yields_so_acks_are_not_starved(autojump_clock: trio
             await trio.sleep(0.001)
             for _ in range(50):
                 progress_seen.append(len(w.sent) - before)
-                w.engine.ack(sub, 20_000, trio.current_time())
-                w.runtime.sync()
+                w.ack(sub, 20_000)
                 await trio.lowlevel.checkpoint()
 
         nursery.start_soon(acker)
@@ -171,15 +180,15 @@ async def test_a_long_expiry_yields_so_acks_are_not_starved(autojump_clock: trio
 async def test_updates_reach_the_store(autojump_clock: trio.testing.MockClock) -> None:
     w = World()
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.runtime.run)
+        await w.start(nursery)
         sub = w.subscribe(ack_wait_s=1)
         w.publish(3)
         await w.runtime.flush()
         (recovered,) = w.store.recover().subscriptions
         assert dict(recovered.pending) == {1: 1, 2: 1, 3: 1}
         assert recovered.record.last_sent == 3
-        w.engine.ack(sub, 2, trio.current_time())
-        await trio.sleep(1)
+        w.ack(sub, 2)
+        await trio.sleep(1.01)  # past the redeliveries due at 1 s, whichever task runs first then
         await w.runtime.flush()
         (recovered,) = w.store.recover().subscriptions
         assert dict(recovered.pending) == {1: 2, 3: 2}, "attempt counts are written as they grow"
@@ -189,12 +198,11 @@ async def test_updates_reach_the_store(autojump_clock: trio.testing.MockClock) -
 async def test_subscription_writes_wait_for_a_redelivery_pass_and_land_once_after_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    w = World()
-    w.runtime = EngineRuntime(w.engine, w._deliver, scan_limit=100)
+    w = World(scan_limit=100)
     applied: list[tuple[bool, int]] = []  # (a pass was under way, updates written)
     w.record_writes(lambda n: applied.append((bool(w.runtime._expired), n)))
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.runtime.run)
+        await w.start(nursery)
         sub = w.subscribe(ack_wait_s=1, max_inflight=10_000)
         w.publish(1_000)
         await w.runtime.flush()
@@ -205,8 +213,7 @@ async def test_subscription_writes_wait_for_a_redelivery_pass_and_land_once_afte
             # Acks arriving while the 1,000 redeliveries go out in chunks of 100.
             await trio.sleep(0.001)
             for seq in range(1, 1_001):
-                if w.engine.ack(sub, seq, trio.current_time()):
-                    w.runtime.sync()
+                w.ack(sub, seq)
                 if seq % 50 == 0:
                     await trio.lowlevel.checkpoint()
 
@@ -226,11 +233,10 @@ async def test_subscription_writes_wait_for_a_redelivery_pass_and_land_once_afte
 async def test_subscription_writes_gather_for_the_flush_linger(autojump_clock: trio.testing.MockClock) -> None:
     """One ack a millisecond for 100 ms: with a 10 ms linger about ten transactions carry them all,
     each written once, and `flush()` still returns only when everything is stored."""
-    w = World()
-    w.runtime = EngineRuntime(w.engine, w._deliver, flush_linger=0.01)
+    w = World(flush_linger_s=0.01)
     writes = w.write_times()
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.runtime.run)
+        await w.start(nursery)
         sub = w.subscribe(ack_wait_s=30, max_inflight=1_000)
         w.publish(100)
         await w.runtime.flush()
@@ -238,8 +244,7 @@ async def test_subscription_writes_gather_for_the_flush_linger(autojump_clock: t
         start = trio.current_time()
         for seq in range(1, 101):
             await trio.sleep(0.001)
-            assert w.engine.ack(sub, seq, trio.current_time())
-            w.runtime.sync()
+            assert w.ack(sub, seq)
         await w.runtime.flush()
         assert trio.current_time() - start < 0.125, "the last acks waited one linger, not more"
         assert 8 <= len(writes) <= 12, writes
@@ -254,7 +259,7 @@ async def test_subscription_writes_gather_for_the_flush_linger(autojump_clock: t
 async def test_dead_letters_are_published(autojump_clock: trio.testing.MockClock) -> None:
     w = World()
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.runtime.run)
+        await w.start(nursery)
         sub = w.subscribe(ack_wait_s=1, max_deliver=2, dead_letter_channel="poison")
         w.publish(1)
         await trio.sleep(5)
@@ -263,25 +268,24 @@ async def test_dead_letters_are_published(autojump_clock: trio.testing.MockClock
         (letter,) = w.store.read("poison", 1, 10)
         body = json.loads(letter.data)
         assert (body["channel"], body["seq"], body["attempts"], body["sub_id"]) == ("foo", 1, 2, sub)
-        assert w.engine.pending(sub) == {}
+        assert w.engine.inspect.pending(sub) == {}
         nursery.cancel_scope.cancel()
 
 
 async def test_ack_progress_and_backoff_move_the_timer(autojump_clock: trio.testing.MockClock) -> None:
     w = World()
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.runtime.run)
+        await w.start(nursery)
         slow = w.subscribe(ack_wait_s=2)
         w.publish(1)
         start = trio.current_time()
         await trio.sleep(1.5)
-        assert w.engine.ack_progress(slow, 1, trio.current_time())
-        w.runtime.sync()
+        assert w.pipeline.ack_progress(slow, 1)
         await trio.sleep(1.9)
         assert len(w.sent) == 1, "ack-progress restarted the wait"
         await trio.sleep(0.2)
         assert [round(t - start, 6) for t, _ in w.sent] == [0.0, 3.5]
-        w.engine.ack(slow, 1, trio.current_time())
+        w.ack(slow, 1)
         backoff = w.subscribe(ack_wait_s=30, backoff_ms=(100, 400, 1600))
         w.publish(1)
         start = trio.current_time()
@@ -297,7 +301,7 @@ async def test_a_fan_out_wave_is_handled_without_waking_every_timer(autojump_clo
     re-arms their timers, so none of the 200 timer tasks has to wake (a wake costs ~20 us in Trio)."""
     w = World()
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.runtime.run)
+        await w.start(nursery)
         subs = [w.subscribe(ack_wait_s=1) for _ in range(200)]
         for _ in range(5):
             w.publish(1)
@@ -313,20 +317,14 @@ async def test_a_fan_out_wave_is_handled_without_waking_every_timer(autojump_clo
 async def test_idle_channels_are_deleted_after_max_inactivity(autojump_clock: trio.testing.MockClock) -> None:
     from storage import ChannelLimits, StoreLimits
 
-    w = World()
-    w.store = MemoryStore(limits=StoreLimits(per_channel={"foo": ChannelLimits(max_inactivity_s=30)}))
-    w.store.register_client(ClientRecord("c", "_HB"))
-    w.engine = Engine(w.store)
-    w.engine.add_client("c")
-    w.runtime = EngineRuntime(w.engine, w._deliver)
+    w = World(MemoryStore(limits=StoreLimits(per_channel={"foo": ChannelLimits(max_inactivity_s=30)})))
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.runtime.run)
+        await w.start(nursery)
         sub = w.subscribe()
         w.publish(3)
         await trio.sleep(100)
         assert w.store.channel_info("foo") is not None, "an active subscription keeps it"
-        w.engine.unsubscribe(sub, trio.current_time())
-        w.runtime.sync()
+        w.pipeline.unsubscribe(sub)
         await trio.sleep(29)
         assert w.store.channel_info("foo") is not None
         await trio.sleep(2)
@@ -334,31 +332,33 @@ async def test_idle_channels_are_deleted_after_max_inactivity(autojump_clock: tr
         nursery.cancel_scope.cancel()
 
 
-async def test_subscription_writes_wait_for_the_before_write_hook(autojump_clock: trio.testing.MockClock) -> None:
-    """Each write starts only once `before_state_write` returns (the server's waits for the end of a
-    publish commit), and still carries everything queued by then."""
-    w = World()
-    hook_done: list[float] = []
-
-    async def before_write() -> None:
-        await trio.sleep(0.003)
-        hook_done.append(trio.current_time())
-
-    w.runtime = EngineRuntime(w.engine, w._deliver, flush_linger=0.01, before_state_write=before_write)
+async def test_subscription_writes_start_at_the_end_of_a_publish_commit(autojump_clock: trio.testing.MockClock) -> None:
+    """With aligned writes each state write starts at the end of a publish commit, so its fsync does
+    not queue ahead of the next publish's; with no commit in sight it waits a few ms at most."""
+    w = World(flush_linger_s=0.01, align_state_writes=True)
     writes = w.write_times()
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.runtime.run)
+        await w.start(nursery)
         sub = w.subscribe(ack_wait_s=30, max_inflight=1_000)
         w.publish(10)
         await w.runtime.flush()
-        for seq in range(1, 11):
-            assert w.engine.ack(sub, seq, trio.current_time())
-            w.runtime.sync()
+        writes.clear()
+        start = trio.current_time()
+        for seq in range(1, 6):
+            assert w.ack(sub, seq)
         await w.runtime.flush()
-        assert writes and len(writes) == len(hook_done)
-        assert [when for when, _ in writes] == hook_done  # each write right after its hook
-        assert writes[-1][1] == 10, "the acks' deletes in one write"
-        (recovered,) = w.store.recover().subscriptions
+        assert [(round(t - start, 6), n) for t, n in writes] == [(0.013, 5)], "linger, then at most 3 ms"
+        writes.clear()
+        start = trio.current_time()
+        for seq in range(6, 11):
+            assert w.ack(sub, seq)
+        await trio.sleep(0.011)  # the linger is over: the write waits for a commit...
+        assert not writes
+        assert w.core.publish(Publish("bar", b"x", "", "", "")) is None
+        await trio.lowlevel.checkpoint()
+        await w.runtime.flush()
+        assert [(round(t - start, 6), n) for t, n in writes] == [(0.011, 5)], "...and starts as it ends"
+        (recovered,) = [s for s in w.store.recover().subscriptions if s.record.sub_id == sub]
         assert dict(recovered.pending) == {}
         nursery.cancel_scope.cancel()
 
@@ -387,14 +387,8 @@ class RefusingStore(MemoryStore):
 
 
 def refusing_world() -> tuple[World, RefusingStore]:
-    w = World()
     store = RefusingStore()
-    store.register_client(ClientRecord("c", "_HB"))
-    w.store = store
-    w.engine = Engine(store)
-    w.engine.add_client("c")
-    w.runtime = EngineRuntime(w.engine, w._deliver)
-    return w, store
+    return World(store), store
 
 
 async def test_refused_state_writes_are_kept_in_order_and_retried(autojump_clock: trio.testing.MockClock) -> None:
@@ -402,15 +396,14 @@ async def test_refused_state_writes_are_kept_in_order_and_retried(autojump_clock
     refuses stays queued, in order, and is retried until it lands."""
     w, store = refusing_world()
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.runtime.run)
+        await w.start(nursery)
         sub = w.subscribe(ack_wait_s=60)
         w.publish(3)
         await w.runtime.flush()
         store.refusing_state = True
         w.publish(2)  # delivered: pending 4 and 5, position 5
         for seq in (1, 2):
-            w.engine.ack(sub, seq, trio.current_time())
-        w.runtime.sync()
+            w.ack(sub, seq)
         assert not await w.runtime.write_now()
         await trio.sleep(10)
         assert store.refused >= 4, "retried, less often each time"
@@ -436,7 +429,7 @@ async def test_a_refused_dead_letter_holds_back_the_updates_after_it(autojump_cl
     lose it from both."""
     w, store = refusing_world()
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.runtime.run)
+        await w.start(nursery)
         w.subscribe(ack_wait_s=1, max_deliver=1)
         w.publish(1)
         await w.runtime.flush()
@@ -459,7 +452,7 @@ async def test_the_store_is_writable_again_when_a_write_lands(autojump_clock: tr
     """A refused publish makes the server degraded; a write that lands ends it, whoever made it."""
     w, _ = refusing_world()
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.runtime.run)
+        await w.start(nursery)
         w.subscribe(ack_wait_s=60)
         w.runtime.store_refused(StoreFullError("disk full (test)"))
         assert w.runtime.write_error is not None

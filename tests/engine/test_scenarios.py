@@ -25,7 +25,7 @@ from storage import (
     StartPosition,
     StoreLimits,
 )
-from streaming.engine import Reason, RequestError
+from streaming.core.engine import Reason, RequestError
 from tests.engine.harness import Harness, S
 
 NEW, TIMEOUT, LEFT, RESTART, RESUME = (
@@ -37,7 +37,7 @@ NEW, TIMEOUT, LEFT, RESTART, RESUME = (
 )
 
 
-def test_16_start_position_new_only_last_received_first_sequence() -> None:
+def test_start_position_new_only_last_received_first_sequence() -> None:
     h = Harness()
     h.client()
     h.publish("foo", b"1", b"2", b"3")
@@ -51,7 +51,7 @@ def test_16_start_position_new_only_last_received_first_sequence() -> None:
     assert [h.seqs(s) for s in (new_only, last, first)] == [[4], [4], [4]]
 
 
-def test_17_start_position_sequence_start() -> None:
+def test_start_position_sequence_start() -> None:
     h = Harness(limits=StoreLimits(channel=ChannelLimits(max_msgs=10)))
     h.client()
     h.publish("foo", count=20)
@@ -65,7 +65,7 @@ def test_17_start_position_sequence_start() -> None:
     assert h.seqs(beyond) == [21]
 
 
-def test_18_start_position_time_delta() -> None:
+def test_start_position_time_delta() -> None:
     h = Harness()
     h.client()
     h.publish("foo", b"old")
@@ -82,7 +82,7 @@ def test_18_start_position_time_delta() -> None:
     assert h.seqs(after) == [3]
 
 
-def test_19_start_position_ignored_on_durable_resume_and_queue_join() -> None:
+def test_start_position_ignored_on_durable_resume_and_queue_join() -> None:
     h = Harness()
     h.client()
     h.publish("foo", count=3)
@@ -107,7 +107,7 @@ def test_19_start_position_ignored_on_durable_resume_and_queue_join() -> None:
 
 
 @pytest.mark.parametrize("kind", ["plain", "queue", "durable"])
-def test_20_stalled_delivery(kind: str) -> None:
+def test_stalled_delivery(kind: str) -> None:
     h = Harness()
     h.client()
     extra = {"queue": {"queue": "g"}, "durable": {"durable": "d"}}.get(kind, {})
@@ -164,7 +164,7 @@ def test_equally_loaded_queue_members_share_work_evenly(members: int, messages: 
     assert max(counts.values()) - min(counts.values()) <= 1, counts
 
 
-def test_21_queue_max_inflight_and_unstalled_on_acks() -> None:
+def test_queue_max_inflight_and_unstalled_on_acks() -> None:
     h = Harness()
     h.client()
     h.publish("foo", count=100)
@@ -226,7 +226,7 @@ def test_a_fan_out_redelivery_reads_each_message_once() -> None:
     assert store.asked == 50, f"{store.asked} messages read back for 20 x 50 redeliveries"
 
 
-def test_22_one_stalled_member_does_not_stall_the_group() -> None:
+def test_one_stalled_member_does_not_stall_the_group() -> None:
     store = CountingStore()
     h = Harness(store)
     h.client()
@@ -248,7 +248,7 @@ def test_22_one_stalled_member_does_not_stall_the_group() -> None:
     assert len(h.take(free)) == 1, "an ack un-stalls the group"
 
 
-def test_23_delivery_with_gaps_and_dropped_messages() -> None:
+def test_delivery_with_gaps_and_dropped_messages() -> None:
     h = Harness(limits=StoreLimits(channel=ChannelLimits(max_msgs=3)))
     h.client()
     dur = h.subscribe(durable="d", max_inflight=2)
@@ -259,7 +259,7 @@ def test_23_delivery_with_gaps_and_dropped_messages() -> None:
     h.publish("foo", count=8)  # evicts 1..7: 1 and 2 leave pending, which frees room
     assert h.seqs(dur) == [8, 9], "evicted sequences are skipped"
     assert h.seqs(queue) == [8, 9]
-    assert sorted(h.engine.pending(dur)) == [8, 9]
+    assert sorted(h.engine.inspect.pending(dur)) == [8, 9]
     h.engine.close_subscription(dur, h.now)
     h.ack(queue, 8, 9)
     assert h.seqs(queue) == [10]
@@ -269,7 +269,7 @@ def test_23_delivery_with_gaps_and_dropped_messages() -> None:
     assert h.seqs(dur) == [11, 12, 13], "a resumed durable continues from the first available message"
 
 
-def test_24_redelivery_and_queue_redelivery() -> None:
+def test_redelivery_and_queue_redelivery() -> None:
     h = Harness()
     h.client()
     plain = h.subscribe(ack_wait_s=1)
@@ -284,15 +284,15 @@ def test_24_redelivery_and_queue_redelivery() -> None:
     assert h.take(queue) == [(1, 2, TIMEOUT)]
     h.ack(plain, 1)
     h.ack(queue, 1)
-    assert h.engine.pending(plain) == {}
-    assert h.engine.pending(queue) == {}
+    assert h.engine.inspect.pending(plain) == {}
+    assert h.engine.inspect.pending(queue) == {}
     assert h.engine.next_deadline(plain) is None, "the timer is gone"
     h.advance(10)
     assert h.take(plain) == []
     assert h.take(queue) == []
 
 
-def test_25_multiple_redeliveries_are_spaced_by_ack_wait() -> None:
+def test_multiple_redeliveries_are_spaced_by_ack_wait() -> None:
     h = Harness()
     h.client()
     plain = h.subscribe(ack_wait_s=1)
@@ -318,7 +318,7 @@ def test_25_multiple_redeliveries_are_spaced_by_ack_wait() -> None:
     assert all(0.5 <= g <= 1.7 for g in queue_gaps)
 
 
-def test_26_redelivery_count_per_sub_and_group_persisted() -> None:
+def test_redelivery_count_per_sub_and_group_persisted() -> None:
     h = Harness()
     h.client()
     plain = h.subscribe(ack_wait_s=1, durable="d")
@@ -337,7 +337,7 @@ def test_26_redelivery_count_per_sub_and_group_persisted() -> None:
     assert [a for _, a, _ in h.take(plain)] == [1]
 
 
-def test_27_dropped_messages_are_not_redelivered() -> None:
+def test_dropped_messages_are_not_redelivered() -> None:
     h = Harness(limits=StoreLimits(channel=ChannelLimits(max_msgs=3)))
     h.client()
     sub = h.subscribe(ack_wait_s=1)
@@ -346,12 +346,12 @@ def test_27_dropped_messages_are_not_redelivered() -> None:
     h.store.append([])  # nothing
     h.publish("foo", b"4")  # evicts 1
     assert h.seqs(sub) == [4]
-    assert 1 not in h.engine.pending(sub)
+    assert 1 not in h.engine.inspect.pending(sub)
     h.advance(1)
     assert h.seqs(sub) == [2, 3, 4], "the evicted one never comes back; the rest in order"
 
 
-def test_28_message_moved_to_another_member() -> None:
+def test_message_moved_to_another_member() -> None:
     h = Harness()
     h.client("a")
     h.client("b")
@@ -361,18 +361,18 @@ def test_28_message_moved_to_another_member() -> None:
     qb = h.subscribe(queue="g", client="b", ack_wait_s=1, durable="dur")
     h.advance(1)
     assert h.seqs(qb) == [1], "the redelivery goes to the member with fewer pending"
-    assert h.engine.pending(qa) == {}
-    assert list(h.engine.pending(qb)) == [1]
+    assert h.engine.inspect.pending(qa) == {}
+    assert list(h.engine.inspect.pending(qb)) == [1]
     h.restart()
-    assert h.engine.pending(qa) == {} and list(h.engine.pending(qb)) == [1], "also after a restart"
+    assert h.engine.inspect.pending(qa) == {} and list(h.engine.inspect.pending(qb)) == [1], "also after a restart"
     h.take(qb)
     assert h.ack(qa, 1) == [True], "an ack from the other member clears it"
-    assert h.engine.pending(qb) == {}
+    assert h.engine.inspect.pending(qb) == {}
     h.advance(5)
     assert h.take(qa) == [] and h.take(qb) == [], "redelivered only once"
 
 
-def test_29_failed_heartbeats_skip_members_and_durables() -> None:
+def test_failed_heartbeats_skip_members_and_durables() -> None:
     h = Harness()
     h.client("sick")
     h.client("well")
@@ -398,7 +398,7 @@ def test_29_failed_heartbeats_skip_members_and_durables() -> None:
     assert len(h.take(again)) == 4, "redelivery resumes after the durable is resumed"
 
 
-def test_30_no_duplicate_redelivery_after_ack() -> None:
+def test_no_duplicate_redelivery_after_ack() -> None:
     h = Harness()
     h.client()
     sub = h.subscribe(ack_wait_s=1)
@@ -411,7 +411,7 @@ def test_30_no_duplicate_redelivery_after_ack() -> None:
     assert h.take(sub) == []
 
 
-def test_31_leaving_member_hands_over_pending_at_once() -> None:
+def test_leaving_member_hands_over_pending_at_once() -> None:
     h = Harness()
     h.client()
     stays = h.subscribe(queue="g", ack_wait_s=60, max_inflight=10)
@@ -425,10 +425,10 @@ def test_31_leaving_member_hands_over_pending_at_once() -> None:
     moved = h.take(stays)
     assert sorted(s for s, _, _ in moved) == sorted(theirs), "redelivered at once, not after an AckWait"
     assert all(r is LEFT and a == 2 for _, a, r in moved)
-    assert sorted(h.engine.pending(stays)) == sorted(mine + theirs)
+    assert sorted(h.engine.inspect.pending(stays)) == sorted(mine + theirs)
 
 
-def test_32_queue_group_removed_on_last_member_leaving() -> None:
+def test_queue_group_removed_on_last_member_leaving() -> None:
     h = Harness()
     h.client()
     h.publish("foo", count=3)
@@ -443,7 +443,7 @@ def test_32_queue_group_removed_on_last_member_leaving() -> None:
     assert h.seqs(third) == [1, 2, 3], "also when the last member's connection closed"
 
 
-def test_33_durable_queue_group_lifecycle() -> None:
+def test_durable_queue_group_lifecycle() -> None:
     h = Harness()
     h.client("a")
     h.client("b")
@@ -453,7 +453,7 @@ def test_33_durable_queue_group_lifecycle() -> None:
     assert h.seqs(member) == [1] and h.seqs(plain_group) == [1], "dur:g and g are different groups"
     h.ack(member, 1)
     h.drop_client("a")
-    assert h.engine.group_members("foo", "dur:g") == []
+    assert h.engine.inspect.group_members("foo", "dur:g") == []
     h.publish("foo", b"2")
     h.restart()
     rejoin = h.subscribe(queue="g", durable="dur", client="b")
@@ -465,7 +465,7 @@ def test_33_durable_queue_group_lifecycle() -> None:
     assert h.seqs(fresh) == [1, 2], "unsubscribe of the last member deleted the group"
 
 
-def test_34_durable_queue_redelivery_on_rejoin() -> None:
+def test_durable_queue_redelivery_on_rejoin() -> None:
     h = Harness()
     h.client("a")
     member = h.subscribe(queue="g", durable="dur", client="a", ack_wait_s=60)
@@ -480,7 +480,7 @@ def test_34_durable_queue_redelivery_on_rejoin() -> None:
     )
 
 
-def test_35_durable_can_reconnect_once() -> None:
+def test_durable_can_reconnect_once() -> None:
     h = Harness()
     h.client()
     dur = h.subscribe(durable="d")
@@ -507,7 +507,7 @@ def test_35_durable_can_reconnect_once() -> None:
     assert other != dur and h.seqs(other) == [1, 2], "the client id is part of a durable's name"
 
 
-def test_36_durable_removed_on_unsubscribe_kept_on_close() -> None:
+def test_durable_removed_on_unsubscribe_kept_on_close() -> None:
     h = Harness()
     h.client()
     h.publish("foo", b"1")
@@ -528,7 +528,7 @@ def test_36_durable_removed_on_unsubscribe_kept_on_close() -> None:
     assert h.seqs(dur) == [1, 2] and h.seqs(q) == [1, 2], "unsubscribe deleted them"
 
 
-def test_37_durable_redelivery_on_resume_with_max_inflight() -> None:
+def test_durable_redelivery_on_resume_with_max_inflight() -> None:
     h = Harness()
     h.client()
     dur = h.subscribe(durable="d", max_inflight=3, ack_wait_s=30)
@@ -547,7 +547,7 @@ def test_37_durable_redelivery_on_resume_with_max_inflight() -> None:
     assert h.seqs(dur) == [7, 8]
 
 
-def test_38_restart_redelivers_once_per_sub_then_resumes() -> None:
+def test_restart_redelivers_once_per_sub_then_resumes() -> None:
     h = Harness()
     h.client()
     a = h.subscribe(max_inflight=10)
@@ -567,7 +567,7 @@ def test_38_restart_redelivers_once_per_sub_then_resumes() -> None:
     assert h.seqs(a) == [4]
 
 
-def test_39_offline_durables_unknown_clients_and_group_position(tmp_path: Path) -> None:
+def test_offline_durables_unknown_clients_and_group_position(tmp_path: Path) -> None:
     h = Harness()
     h.client("gone")
     h.client("stays")
@@ -592,7 +592,7 @@ def test_39_offline_durables_unknown_clients_and_group_position(tmp_path: Path) 
         LmdbStore(tmp_path, "beta")
 
 
-def test_40_limits() -> None:
+def test_limits() -> None:
     h = Harness(limits=StoreLimits(max_channels=2, max_subs=2, channel=ChannelLimits(max_msgs=5, max_bytes=10_000)))
     h.client()
     h.subscribe("a")
@@ -610,7 +610,7 @@ def test_40_limits() -> None:
     info = h.store.channel_info("b")
     assert info is not None
     assert info.msgs == 5
-    assert sorted(h.engine.pending(counting)) == [8, 9, 10, 11, 12], "evicted messages left pending"
+    assert sorted(h.engine.inspect.pending(counting)) == [8, 9, 10, 11, 12], "evicted messages left pending"
     per_channel = Harness(
         limits=StoreLimits(channel=ChannelLimits(max_msgs=5), per_channel={"big": ChannelLimits(max_msgs=-1)})
     )
@@ -654,7 +654,7 @@ def test_due_redeliveries_hold_new_messages_while_heartbeats_fail() -> None:
     assert h.take(dur) == [(1, 2, RESUME), (2, 1, NEW)]
 
 
-def test_40_max_inactivity() -> None:
+def test_max_inactivity() -> None:
     """TestMaxInactivity / TestMaxInactivityOnConnectionClose: idle channels without active
     subscriptions are deleted; offline durables do not keep them alive; publishes push it back."""
     h = Harness(limits=StoreLimits(channel=ChannelLimits(max_inactivity_s=10)))

@@ -15,9 +15,12 @@ from pathlib import Path
 
 import trio
 
-from storage import ClientRecord, LmdbStore, Message, NewMessage, SubUpdate
-from streaming.engine import Delivery, Engine, SubscribeRequest
-from streaming.runtime import _INLINE_STATE_WRITE, EngineRuntime
+from storage import ClientRecord, LmdbStore, SubUpdate
+from streaming.core.engine import SubscribeRequest
+from streaming.core.outbound import Publish
+from streaming.core.runtime import _INLINE_STATE_WRITE
+from streaming.core.service import Core
+from tests.engine.doors import RecordingDoor
 
 
 class Recorder:
@@ -35,34 +38,32 @@ class Recorder:
         self._apply(batch)
 
 
-def publish(store: LmdbStore, engine: Engine, runtime: EngineRuntime, count: int) -> None:
-    result = store.append([NewMessage("foo", b"x")] * count)
-    engine.on_appended("foo", trio.current_time(), [Message(s, ts, "foo", "", b"x") for s, ts in result.assigned])
-    runtime.sync()
+def publish(core: Core, count: int) -> None:
+    core.pipeline.commit([Publish("foo", b"x", "", "", "") for _ in range(count)])
 
 
 async def test_large_state_writes_run_on_the_trio_thread_small_ones_on_the_worker(tmp_path: Path) -> None:
     store = LmdbStore(tmp_path / "data")
-    sent: list[Delivery] = []
+    door = RecordingDoor()
     try:
         store.register_client(ClientRecord("c", "_HB"))
         store.ensure_channel("foo")
-        engine = Engine(store)
-        engine.add_client("c")
-        runtime = EngineRuntime(engine, sent.extend, store_in_thread=True)
+        core = Core(store, store_in_thread=True)
+        core.doors.add(door)
         recorder = Recorder(store)
         async with trio.open_nursery() as nursery:
-            await nursery.start(runtime.run)
-            sub = engine.subscribe(SubscribeRequest("c", "foo", "_INBOX.1", "_ACK.1", 30_000, 100_000), 0.0, 0)
-            runtime.sync()
-            await runtime.flush()
+            await nursery.start(core.run)
+            await core.ready.wait()
+            request = SubscribeRequest("c", "foo", "_INBOX.1", "_ACK.1", 30_000, 100_000)
+            sub = core.pipeline.subscribe(request, lambda sub_id: None)
+            await core.runtime.flush()
             recorder.calls.clear()
 
-            publish(store, engine, runtime, 10)  # 10 pending entries and a position: a small write
-            await runtime.flush()
+            publish(core, 10)  # 10 pending entries and a position: a small write
+            await core.runtime.flush()
             small = recorder.calls[:]
-            publish(store, engine, runtime, 3000)  # 3,000 entries: a large write, in slices
-            await runtime.flush()
+            publish(core, 3000)  # 3,000 entries: a large write, in slices
+            await core.runtime.flush()
             large = recorder.calls[len(small) :]
             nursery.cancel_scope.cancel()
 
@@ -70,7 +71,7 @@ async def test_large_state_writes_run_on_the_trio_thread_small_ones_on_the_worke
         assert sum(n for n, _ in large) >= 3000
         assert all(on_trio for _, on_trio in large), large
         assert len(large) > 1, "sliced, so the loop runs in between"
-        assert len(sent) == 3010
+        assert len(door.sent) == 3010
     finally:
         store.close()
 

@@ -15,8 +15,8 @@ import pytest
 import trio
 
 from streaming.client import StanError, connect
-from streaming.nats import protocol as p
-from streaming.stan.pb import protocol_pb2 as pb
+from streaming.wire import nats as p
+from streaming.wire.stan_pb import protocol_pb2 as pb
 from tests.wire.servers import RawClient, ServerProcess, config, eventually, running
 
 CID = "test-cluster"

@@ -104,7 +104,7 @@ def test_the_readme_documents_the_schema_as_it_is() -> None:
 def test_cached_lines_follow_each_events_own_fields(tmp_path: Path) -> None:
     """The per-subscription fast path must not reuse a first delivery's AckWait, attempt or reason
     for an event that differs from it."""
-    from streaming.engine import Acked, Delivered, Event, Reason, SubRef
+    from streaming.core.engine import Acked, Delivered, Event, Reason, SubRef
     from streaming.event_log import EventLog
 
     log = EventLog(tmp_path)

@@ -19,11 +19,12 @@ import attrs
 import trio
 
 from streaming.config import ServerConfig
-from streaming.nats import protocol as p
-from streaming.server import Running, serve
+from streaming.running import Running
+from streaming.server import serve
+from streaming.wire import nats as p
 
 # Short heartbeats and millisecond AckWaits keep end-to-end tests fast.
-FAST: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "ack_wait_ms": True, "recovery_hold": 3.0}
+FAST: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "allow_ms_ack_wait": True, "recovery_hold": 3.0}
 
 
 def config(directory: Path | None = None, **overrides: Any) -> ServerConfig:

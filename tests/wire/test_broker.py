@@ -8,7 +8,7 @@ import struct
 
 import trio
 
-from streaming.nats import protocol as p
+from streaming.wire import nats as p
 from tests.wire.servers import RawClient, config, eventually, running
 
 
@@ -151,7 +151,7 @@ async def test_a_burst_past_the_limit_gets_the_error_when_the_socket_takes_it() 
 
 async def test_a_long_read_is_handled_in_slices() -> None:
     """Thousands of frames in one read (a subscriber's acks) must not hold the loop for all of them:
-    the batch hooks run and other tasks get their turn every few hundred events."""
+    each slice is its own input span, and other tasks get their turn every few hundred events."""
     async with running(config()) as server:
         broker = server.broker
         handled: list[int] = [0]
@@ -162,7 +162,15 @@ async def test_a_long_read_is_handled_in_slices() -> None:
             handled[0] += 1
 
         broker.subscribe("acks", handler)
-        broker.add_batch_hook(lambda: hooks.append(handled[0]))
+
+        class Spans:
+            def span_started(self) -> None:
+                pass
+
+            def span_ended(self, *, more_input: bool) -> None:
+                hooks.append(handled[0])
+
+        broker.add_span_listener(Spans())
         count = 2000
         client = await RawClient.open(server.port)
         done = trio.Event()

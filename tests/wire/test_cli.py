@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,11 +20,15 @@ def streaming(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
 
 
 def test_pub_and_sub_commands(tmp_path: Path) -> None:
-    with server_process("--dir", str(tmp_path / "data"), "--ack_wait_ms") as server:
+    with server_process("--dir", str(tmp_path / "data"), "--allow_ms_ack_wait") as server:
         where = f"127.0.0.1:{server.port}"
         done = streaming("-s", where, "pub", "greetings", "hello", "world")
         assert done.returncode == 0, done.stderr
-        assert done.stdout.count("published") == 2
+        assert done.stdout.splitlines()[:2] == [
+            f"published {text!r} to 'greetings' (guid {guid})"
+            for text, guid in zip(["hello", "world"], guid_of(done.stdout), strict=True)
+        ]
+        assert done.stdout.splitlines()[2].startswith("published 2 messages to 'greetings' in ")
         done = streaming(
             "-s", where, "-id", "tester", "sub", "greetings", "--all", "--count", "2", "--durable", "d", "--manual_ack"
         )
@@ -38,6 +44,87 @@ def test_pub_and_sub_commands(tmp_path: Path) -> None:
             "-s", where, "-id", "tester", "sub", "greetings", "--count", "1", "--durable", "d", "--unsubscribe"
         )
         assert done.stdout.splitlines() == ["[#3] redelivered=false attempt=1: from stdin"]
+
+
+def guid_of(out: str) -> list[str]:
+    return [line.rsplit("(guid ", 1)[1].rstrip(")") for line in out.splitlines() if "(guid " in line]
+
+
+def test_connection_options_go_before_or_after_the_subcommand(tmp_path: Path) -> None:
+    with server_process("--store", "memory", "-cid", "prod") as server:
+        where = f"127.0.0.1:{server.port}"
+        after = streaming("pub", "-s", where, "-c", "prod", "orders", "a")
+        before = streaming("-s", where, "-c", "prod", "pub", "orders", "b")
+        mixed = streaming("-c", "prod", "pub", "orders", "c", "-s", where)
+        assert [d.returncode for d in (after, before, mixed)] == [0, 0, 0], (after.stderr, mixed.stderr)
+        got = streaming("sub", "orders", "--all", "--count", "3", "--server", where, "--cluster_id", "prod")
+        assert [line.rsplit(": ", 1)[1] for line in got.stdout.splitlines()] == ["a", "b", "c"]
+
+
+def test_pub_reads_stdin_and_reports_its_rate(tmp_path: Path) -> None:
+    with server_process("--store", "memory") as server:
+        lines = "".join(f"m{i}\n" for i in range(3000))
+        done = streaming("pub", "-s", f"127.0.0.1:{server.port}", "-q", "bulk", stdin=lines)
+        assert done.returncode == 0, done.stderr
+        (summary,) = done.stdout.splitlines()
+        assert summary.startswith("published 3000 messages to 'bulk' in ") and summary.endswith(" msgs/s")
+        got = streaming("sub", "-s", f"127.0.0.1:{server.port}", "bulk", "--seq", "3000", "--count", "1")
+        assert got.stdout.splitlines() == ["[#3000] redelivered=false attempt=1: m2999"]
+
+
+def test_wrong_cluster_id_is_one_clear_line(tmp_path: Path) -> None:
+    with server_process("--store", "memory") as server:
+        done = streaming("pub", "-s", f"127.0.0.1:{server.port}", "-c", "nope", "--connect_timeout", "0.5s", "x", "y")
+        assert done.returncode == 1
+        (line,) = done.stderr.strip().splitlines()
+        assert line.startswith("streaming: ") and "cluster ID" in line
+
+
+def test_sub_extensions_dead_letters_and_backoff(tmp_path: Path) -> None:
+    """--max_deliver with a dead-letter channel, and --backoff between the attempts."""
+    with server_process("--store", "memory") as server:
+        where = f"127.0.0.1:{server.port}"
+        assert streaming("pub", "-s", where, "jobs", "poison").returncode == 0
+        argv = ["sub", "-s", where, "jobs", "--all", "--manual_ack", "--no_ack", "--max_deliver", "2"]
+        argv += ["--dead_letter", "jobs.failed", "--backoff", "0.3s,1s"]
+        started = time.monotonic()
+        entry = "from streaming.cli import client_main; raise SystemExit(client_main())"
+        with subprocess.Popen([sys.executable, "-c", entry, *argv], stdout=subprocess.PIPE, text=True) as sub:
+            try:
+                # The dead letter comes after the second attempt's backoff (1 s), while `sub` still runs.
+                letter = streaming("sub", "-s", where, "jobs.failed", "--all", "--count", "1")
+            finally:
+                sub.terminate()
+            out, _ = sub.communicate(timeout=30)
+        assert time.monotonic() - started < 10, "backoff delays, not the 30 s AckWait"
+        assert [line.split(":")[0] for line in out.splitlines()] == [
+            "[#1] redelivered=false attempt=1",
+            "[#1] redelivered=true attempt=2",
+        ]
+        body = json.loads(letter.stdout.split(": ", 1)[1])
+        assert (body["channel"], body["seq"], body["attempts"]) == ("jobs", 1, 2)
+
+
+def test_sub_ack_progress_works_on_a_slow_message(tmp_path: Path) -> None:
+    """A handler three AckWaits long, telling the server it is still at work (the engine's tests show
+    that this keeps the message from redelivery; here: the command does it and ends cleanly)."""
+    with server_process("--store", "memory", "--allow_ms_ack_wait") as server:
+        where = f"127.0.0.1:{server.port}"
+        assert streaming("pub", "-s", where, "slow", "work").returncode == 0
+        done = streaming(
+            "sub", "-s", where, "slow", "--all", "--count", "1", "--manual_ack", "--ack_wait", "0.4s",
+            "--ack_delay", "1.2s", "--ack_progress", "--max_inflight_redeliveries",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == ["[#1] redelivered=false attempt=1: work"]
+        refused = streaming("sub", "-s", where, "slow", "--ack_progress")
+        assert refused.returncode == 2 and "--ack_progress needs --manual_ack" in refused.stderr
+
+
+def test_server_help_groups_its_flags() -> None:
+    text = _server_parser().format_help()
+    for group in ("network:", "store:", "limits", "heartbeats:", "monitoring:", "logging:"):
+        assert group in text
 
 
 def test_sub_without_ack_shows_redeliveries(tmp_path: Path) -> None:

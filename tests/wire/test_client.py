@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from streaming.client import Msg, StanClient, StanError, StartPosition, Subscription, connect
-from streaming.server import Running
+from streaming.running import Running
 from tests.wire.servers import config, eventually, free_port, running
 
 CID = "test-cluster"
@@ -149,9 +149,9 @@ async def test_redelivered_copies_of_acked_or_queued_messages_are_suppressed() -
             before = sub.suppressed
             await eventually(lambda: sub.suppressed > before)
             await nothing_more(sub, 0.3)
-            engine = server.stan.engine
+            engine = server.core.engine
             (sub_id,) = engine.subscriptions()
-            assert engine.pending(sub_id) == {}
+            assert engine.inspect.pending(sub_id) == {}
 
 
 async def test_without_suppression_every_copy_reaches_the_application() -> None:

@@ -32,7 +32,7 @@ async def test_a_lone_publishers_publishes_are_committed_by_its_reader(tmp_path:
                 msg = await sub.next_msg()
             assert msg.data == b"%d" % i
             msg.ack()
-        stats = server.stan.publisher.statistics()
+        stats = server.core.group_commit.statistics()
         assert stats.messages == 100
         assert stats.inline_commits >= 90, stats
 
@@ -51,7 +51,7 @@ async def test_publishes_arriving_together_on_many_connections_share_a_commit(tm
             with trio.fail_after(10):
                 for future in futures:
                     await future.wait()
-        stats = server.stan.publisher.statistics()
+        stats = server.core.group_commit.statistics()
         assert stats.messages == rounds * clients
         assert stats.commits <= 2 * rounds, stats  # one a round here; each reader committing its own: 153
         stored = server.store.read("shared", 1, rounds * clients)
@@ -78,7 +78,7 @@ async def test_a_stream_of_publishes_is_committed_by_the_task(tmp_path: Path) ->
     async with running(config(tmp_path)) as server:
         with trio.fail_after(30):
             await trio.to_thread.run_sync(trio.run, publish_stream, server.port)
-        stats = server.stan.publisher.statistics()
+        stats = server.core.group_commit.statistics()
         assert stats.messages == 2000
         # Short reads come now and then (the client's writes vary); a reader commits at most 16 each.
         assert stats.inline_commits * 16 <= stats.messages // 4, stats
@@ -89,7 +89,7 @@ async def test_wait_commit_returns_at_the_next_commit_or_at_its_bound(tmp_path: 
     """What the subscription-state flusher waits on before it writes (the end of a publish commit,
     bounded): it returns at the next commit, or after the bound when nothing is published."""
     async with running(config(tmp_path)) as server, connect(CID, "pub", port=server.port) as pub:
-        publisher = server.stan.publisher
+        publisher = server.core.group_commit
         start = trio.current_time()
         await publisher.wait_commit(0.05)
         assert trio.current_time() - start >= 0.05
@@ -126,7 +126,7 @@ async def test_a_failed_commit_refuses_only_its_publishes(
         await pub.publish("orders", b"before")
         if not by_reader:
             await other.publish("elsewhere", b"x")  # two connections publishing: the task commits
-        inline_before = server.stan.publisher.statistics().inline_commits
+        inline_before = server.core.group_commit.statistics().inline_commits
         append = server.store.append
         failures = [failure]
 
@@ -138,7 +138,7 @@ async def test_a_failed_commit_refuses_only_its_publishes(
         monkeypatch.setattr(server.store, "append", failing_once)
         with pytest.raises(StanError, match=error):
             await pub.publish("orders", b"refused")
-        assert (server.stan.publisher.statistics().inline_commits > inline_before) is by_reader
+        assert (server.core.group_commit.statistics().inline_commits > inline_before) is by_reader
         await pub.publish("orders", b"after")
         with trio.fail_after(5):
             got = [(await sub.next_msg()).data for _ in range(2)]

@@ -11,7 +11,7 @@ import time
 import trio
 
 from streaming.client.nats_conn import NatsConnection
-from streaming.nats import protocol as p
+from streaming.wire import nats as p
 
 BUFFER = 16 * 1024  # the kernel doubles it; either way far less than one of the large payloads
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streaming.nats import protocol as p
-from streaming.nats.subjects import Sublist, valid_literal, valid_subject
+from streaming.wire import nats as p
+from streaming.wire.subjects import Sublist, valid_literal, valid_subject
 
 
 def events(

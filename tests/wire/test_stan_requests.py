@@ -12,8 +12,8 @@ from google.protobuf.message import Message
 
 from streaming.client import NatsConnection, StanError, StartPosition, connect
 from streaming.client.nats_conn import NatsMsg, new_inbox
-from streaming.server import Running
-from streaming.stan.pb import protocol_pb2 as pb
+from streaming.running import Running
+from streaming.wire.stan_pb import protocol_pb2 as pb
 from tests.wire.servers import config, eventually, running
 
 CID = "test-cluster"
@@ -116,7 +116,7 @@ async def test_duplicate_client_id_refused_while_alive_replaced_when_dead() -> N
 
 
 async def test_subscription_request_validation_order() -> None:
-    async with running(config(ack_wait_ms=False)) as server, nats(server) as conn:
+    async with running(config(allow_ms_ack_wait=False)) as server, nats(server) as conn:
         assert await stan_connect(conn, "me") == ""
 
         async def sub_error(**fields: object) -> str:
@@ -263,7 +263,7 @@ async def test_heartbeats_remove_dead_clients_and_keep_live_ones() -> None:
         conn.subscribe(silent, lambda m: None)  # subscribed to its heartbeat inbox, never answers
         assert await stan_connect(conn, "mute", silent) == ""
         sub = await alive.open_subscription("foo")
-        await eventually(lambda: "mute" not in server.stan._clients, within=5)
+        await eventually(lambda: "mute" not in server.stan.clients, within=5)
         # The dead client is gone for everything; the live one (our client answers) is untouched.
         reply = await request(
             conn,
@@ -272,7 +272,7 @@ async def test_heartbeats_remove_dead_clients_and_keep_live_ones() -> None:
         )
         assert pb.PubAck.FromString(reply).error == "stan: invalid publish request"
         await trio.sleep(0.5)
-        assert "alive" in server.stan._clients
+        assert "alive" in server.stan.clients
         await alive.publish("foo", b"still here")
         with trio.fail_after(5):
             assert (await sub.next_msg()).data == b"still here"

@@ -1,5 +1,5 @@
 """What the group commit tells metrics and the event log, beside the delivery engine's own events
-(`streaming.engine.Observer`): one interface and a fan-out, so the publish path makes one call when
+(`streaming.core.engine.Observer`): one interface and a fan-out, so the publish path makes one call when
 one or two observers listen (and skips the bookkeeping when none does). (Counters the broker and the STAN layer keep
 themselves, such as slow consumers and refused requests, are read at scrape time instead.)
 """

@@ -1,5 +1,8 @@
-"""Error texts STAN clients are shown, word for word as the reference server's, besides the engine's
-own (streaming.engine.errors)."""
+"""Every error text a client is shown, in one place, and the exception for a refused request.
+
+The texts are word for word the reference NATS Streaming server's where it has one, because STAN
+clients (and their users' code) match on them; every front door shows the same words.
+"""
 
 from __future__ import annotations
 
@@ -8,25 +11,41 @@ from typing import Final
 from storage.base import MAX_NAME_BYTES
 from storage.errors import StoreError, StoreFullError, StoreWriteError
 
+
+class RequestError(Exception):
+    """A request that cannot be honoured (the client's fault, not ours); str() is the client's text."""
+
+
+# Connecting and closing.
 INVALID_CONNECT: Final = "stan: invalid connection request"
 INVALID_CLIENT_ID: Final = "stan: invalid clientID: only alphanumeric and `-` or `_` characters allowed"
 CLIENT_ID_TOO_LONG: Final = f"stan: invalid clientID: longer than {MAX_NAME_BYTES} bytes"
-CLIENT_ALREADY_REGISTERED: Final = "stan: clientID already registered"
-INVALID_PUBLISH: Final = "stan: invalid publish request"
-INVALID_SUB: Final = "stan: invalid subscription request"
 CLIENT_ID_MISSING: Final = "stan: clientID missing"
+CLIENT_ALREADY_REGISTERED: Final = "stan: clientID already registered"
+UNKNOWN_CLIENT: Final = "stan: unknown clientID"
+CLIENT_REPLACED: Final = "client has been replaced or is no longer registered"
+INVALID_CLOSE: Final = "stan: invalid close request"
+
+# Publishing.
+INVALID_PUBLISH: Final = "stan: invalid publish request"
+CHANNEL_BEING_DELETED: Final = "stan: channel is being deleted"
+INTERNAL_ERROR: Final = "stan: internal error (see the server log)"
+
+# Subscribing.
+INVALID_SUB: Final = "stan: invalid subscription request"
 INVALID_ACK_WAIT: Final = "stan: invalid ack wait time, should be >= 1s"
 INVALID_MAX_INFLIGHT: Final = "stan: invalid MaxInflight, should be >= 1"
 INVALID_START: Final = "stan: invalid start position"
 INVALID_SUBJECT: Final = "stan: invalid subject"
 SUBJECT_TOO_LONG: Final = f"stan: invalid subject: channel names are limited to {MAX_NAME_BYTES} bytes"
-UNKNOWN_CLIENT: Final = "stan: unknown clientID"
+DUPLICATE_DURABLE: Final = "stan: duplicate durable registration"
+DURABLE_QUEUE_COLON: Final = "stan: durable name of a durable queue subscriber can't contain the character ':'"
+TOO_MANY_SUBS: Final = "too many subscriptions per channel"
+
+# Unsubscribing and closing a subscription.
 INVALID_UNSUB: Final = "stan: invalid unsubscribe request"
-INVALID_CLOSE: Final = "stan: invalid close request"
-CHANNEL_BEING_DELETED: Final = "stan: channel is being deleted"
-CLIENT_REPLACED: Final = "client has been replaced or is no longer registered"
-UNKNOWN_CHANNEL_TEXT: Final = "stan: unknown channel"
-INVALID_SUBSCRIPTION_TEXT: Final = "stan: invalid subscription"
+UNKNOWN_CHANNEL: Final = "stan: unknown channel"
+INVALID_SUBSCRIPTION: Final = "stan: invalid subscription"
 
 
 def store_error(exc: StoreError) -> str:

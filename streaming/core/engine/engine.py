@@ -1,13 +1,14 @@
 """The delivery engine: subscriptions, queue groups, durables, AckWait, MaxInflight, redelivery, recovery.
 
 Sans-IO: every call takes `now` (clock seconds, e.g. `trio.current_time()`), changes state, and queues
-what the outside must do. The Trio runtime (streaming/runtime.py) or a test drains those queues:
+what the outside must do. The commit pipeline (streaming/core/pipeline.py) takes them, as one `Effects`
+record (`take_effects()`):
 
-- `take_deliveries()`: MsgProtos to send, in order;
-- `take_updates()`: subscription/pending records for `Store.apply` (batched, no fsync needed: losing
+- `deliveries`: messages to send, in order;
+- `dead_letters`: messages past MaxDeliver, to publish (before applying the updates);
+- `updates`: subscription/pending records for `Store.apply` (batched, no fsync needed: losing
   them only causes redeliveries);
-- `take_dead_letters()`: messages past MaxDeliver, to publish (before applying the updates);
-- `take_timer_changes()`: subscriptions whose next deadline may have moved (or that are gone).
+- `timer_changes`: subscriptions whose next deadline may have moved (or that are gone).
 
 It reads messages from the store (cheap, in-process) and writes nothing to it except through
 `ensure_channel` when a subscription names a channel that does not exist yet (a server should create
@@ -41,9 +42,8 @@ from storage.records import (
     SubscriptionRecord,
     SubUpdate,
 )
-from streaming.engine import errors
-from streaming.engine.errors import RequestError
-from streaming.engine.events import (
+from streaming.core import errors
+from streaming.core.engine.events import (
     Acked,
     AckTimedOut,
     DeadLetter,
@@ -61,9 +61,25 @@ from streaming.engine.events import (
     SubscriptionCreated,
     SubscriptionRemoved,
 )
-from streaming.engine.pending import PendingSet
+from streaming.core.engine.pending import PendingSet
+from streaming.core.engine.reader import MessageReader
+from streaming.core.errors import RequestError
 
 READ_BATCH = 256
+
+
+@attrs.frozen(slots=True)
+class Effects:
+    """What engine calls left to do, in the order the commit pipeline does it: deliveries go out,
+    dead letters are stored, then the subscription-state updates; timers are re-armed."""
+
+    deliveries: list[Delivery]
+    dead_letters: list[DeadLetter]
+    updates: list[SubUpdate]
+    timer_changes: set[int]
+
+    def __bool__(self) -> bool:
+        return bool(self.deliveries or self.dead_letters or self.updates or self.timer_changes)
 
 
 @attrs.frozen(slots=True)
@@ -160,8 +176,7 @@ class Engine:
         self._durables: dict[tuple[str, str, str], _Sub] = {}  # (client, channel, durable name)
         self._by_channel: dict[str, dict[int, _Sub]] = {}  # every subscription, online or not (max_subs)
         self._clients: dict[str, _Client] = {}
-        self._recent: dict[str, tuple[int, Sequence[Message]]] = {}  # channel -> just-appended messages
-        self._cache: dict[tuple[str, int], Message] = {}  # recently redelivered messages
+        self._reader = MessageReader(store)
         self._last_seq: dict[str, int] = {}  # channel -> last stored sequence (kept by on_appended)
         self._idle_since: dict[str, float] = {}  # channel -> last publish, or when its last active sub left
         self._deliveries: list[Delivery] = []
@@ -175,25 +190,15 @@ class Engine:
     def add_observer(self, observer: Observer) -> None:
         self._observers.append(observer)
 
-    def take_deliveries(self) -> list[Delivery]:
-        out, self._deliveries = self._deliveries, []
-        return out
-
-    def take_updates(self) -> list[SubUpdate]:
-        out, self._updates = self._updates, []
-        return out
-
-    def take_dead_letters(self) -> list[DeadLetter]:
-        out, self._dead = self._dead, []
-        return out
+    def take_effects(self) -> Effects:
+        """Everything queued since the last call, in one record (see the module docstring)."""
+        effects = Effects(self._deliveries, self._dead, self._updates, self._timers)
+        self._deliveries, self._dead, self._updates, self._timers = [], [], [], set()
+        return effects
 
     def mark_timer(self, sub_id: int) -> None:
         """Have the runtime look at this subscription's deadline again."""
         self._timers.add(sub_id)
-
-    def take_timer_changes(self) -> set[int]:
-        out, self._timers = self._timers, set()
-        return out
 
     def _emit(self, event: Event) -> None:
         for observer in self._observers:
@@ -230,35 +235,13 @@ class Engine:
             for sub in self._subs.values()
         ]
 
-    def client_ids(self) -> list[str]:
-        return list(self._clients)
-
-    def pending(self, sub_id: int) -> dict[int, int]:
-        """seq -> attempt of one subscription's unacknowledged messages."""
-        sub = self._subs[sub_id]
-        return {seq: sub.pending.attempt(seq) for seq in sub.pending}
-
-    def in_flight(self, sub_id: int) -> int:
-        """Pending messages sent and not yet expired (excludes those waiting to be redelivered)."""
-        return self._subs[sub_id].pending.in_flight
-
-    def waiting(self, sub_id: int) -> set[int]:
-        """Pending messages due for redelivery that the subscription cannot take yet."""
-        return set(self._subs[sub_id].pending.due())
-
-    def owner_key(self, sub_id: int) -> tuple[str, str, int]:
-        """Who acks count for: the queue group (any member) or the subscription itself."""
-        sub = self._subs[sub_id]
-        if sub.group is not None:
-            return (sub.group.channel, sub.group.name, 0)
-        return (sub.record.channel, "", sub_id)
+    @property
+    def inspect(self) -> Inspection:
+        """Queries for tests, benchmarks and debugging (not used by the server)."""
+        return Inspection(self)
 
     def is_online(self, sub_id: int) -> bool:
         return self._subs[sub_id].online
-
-    def group_members(self, channel: str, group_key: str) -> list[int]:
-        group = self._groups.get(channel, {}).get(group_key)
-        return [] if group is None else [m.record.sub_id for m in group.members]
 
     def _position(self, sub: _Sub) -> int:
         return sub.group.last_sent if sub.group is not None else sub.last_sent
@@ -573,13 +556,12 @@ class Engine:
         if messages and info is not None:
             # A batch that went over a limit may have evicted some of its own messages already.
             kept = messages[max(0, info.first_seq - messages[0].seq) :]
-            if kept:
-                self._recent[channel] = (kept[0].seq, kept)
+            self._reader.hold_appended(channel, kept)
         for sub in list(self._plain.get(channel, {}).values()):
             self._pump_sub(sub, now)
         for group in list(self._groups.get(channel, {}).values()):
             self._pump_group(group, now)
-        self._recent.pop(channel, None)
+        self._reader.release_appended(channel)
 
     def has_readers(self, channel: str) -> bool:
         """Whether any online subscription or queue group on `channel` may want new messages (when
@@ -588,7 +570,7 @@ class Engine:
 
     def on_dropped(self, channel: str, dropped: range) -> None:
         """Messages evicted by limits leave every pending set and are never redelivered."""
-        self._cache.clear()
+        self._reader.forget()
         for sub in self._by_channel.get(channel, {}).values():
             if len(dropped) <= len(sub.pending):
                 gone = [seq for seq in dropped if seq in sub.pending]
@@ -638,9 +620,10 @@ class Engine:
                 client.subs.discard(record.sub_id)
             self._timers.add(record.sub_id)
             self._emit_if(SubscriptionRemoved(sub.ref))
-        for table in (self._plain, self._groups, self._last_seq, self._idle_since, self._recent):
+        for table in (self._plain, self._groups, self._last_seq, self._idle_since):
             table.pop(channel, None)
-        self._cache.clear()
+        self._reader.release_appended(channel)
+        self._reader.forget()
 
     # -- delivery ------------------------------------------------------------------------------
 
@@ -660,7 +643,7 @@ class Engine:
             if limit_redeliveries and sub.pending.in_flight >= sub.record.max_inflight:
                 return
             seq, reason = item
-            message = self._read_one(sub.record.channel, seq)
+            message = self._reader.read_one(sub.record.channel, seq)
             if message is None:  # evicted by a limit meanwhile: it never comes back
                 self._forget(sub, seq)
                 self._emit_if(ExpiredByLimit(sub.ref, seq))
@@ -688,7 +671,7 @@ class Engine:
         start = sub.last_sent
         while sub.last_sent < info.last_seq and not sub.stalled:
             room = sub.record.max_inflight - len(sub.pending)
-            batch = self._read(sub.record.channel, sub.last_sent + 1, min(room, READ_BATCH))
+            batch = self._reader.read(sub.record.channel, sub.last_sent + 1, min(room, READ_BATCH))
             if not batch:
                 sub.last_sent = info.last_seq  # the rest was evicted
                 break
@@ -722,7 +705,7 @@ class Engine:
                 for m in group.members
                 if not m.stalled and not m.pending.due_count and not self._hb_failed(m)
             )
-            batch = self._read(group.channel, group.last_sent + 1, min(room, READ_BATCH))
+            batch = self._reader.read(group.channel, group.last_sent + 1, min(room, READ_BATCH))
             if not batch:
                 group.last_sent = info.last_seq
                 break
@@ -790,44 +773,6 @@ class Engine:
         )
         self._emit_if(DeadLettered(sub.ref, message.seq, attempts, target))
 
-    def _read(self, channel: str, start: int, count: int) -> Sequence[Message]:
-        recent = self._recent.get(channel)
-        if recent is not None:
-            first, messages = recent
-            if first <= start < first + len(messages) and messages[start - first].seq == start:
-                return messages[start - first : start - first + count]
-        return self.store.read(channel, start, count)
-
-    def _read_one(self, channel: str, seq: int) -> Message | None:
-        return self._read_many(channel, [seq])[0]
-
-    def _read_many(self, channel: str, seqs: list[int]) -> list[Message | None]:
-        """Messages for redelivery, from memory where possible; the rest from the store in one read
-        (one transaction, not one per message), kept so that redeliveries of one message to many
-        subscriptions (fan-out) read it once."""
-        out: list[Message | None] = [None] * len(seqs)
-        missing: list[int] = []
-        recent = self._recent.get(channel)
-        first, held = recent if recent is not None else (0, [])
-        cache = self._cache
-        for i, seq in enumerate(seqs):
-            if first <= seq < first + len(held):
-                out[i] = held[seq - first]
-            else:
-                found = cache.get((channel, seq))
-                if found is None:
-                    missing.append(i)
-                else:
-                    out[i] = found
-        if missing:
-            for i, message in zip(missing, self.store.get_many(channel, [seqs[i] for i in missing]), strict=True):
-                out[i] = message
-                if message is not None:
-                    if len(cache) >= 4096:
-                        cache.clear()
-                    cache[(channel, message.seq)] = message
-        return out
-
     # -- timers ----------------------------------------------------------------------------------
 
     def expire(self, sub_id: int, now: float, limit: int = 1000) -> int:
@@ -855,7 +800,7 @@ class Engine:
         if sub.group is None and not options.max_inflight_redeliveries and not options.max_deliver:
             # The common case, straight through: redeliver each expired message now, in order.
             pending, channel = sub.pending, sub.record.channel
-            messages = self._read_many(channel, [seq for seq, _ in expired])
+            messages = self._reader.read_many(channel, [seq for seq, _ in expired])
             for (seq, _), message in zip(expired, messages, strict=True):
                 if message is None:
                     self._forget(sub, seq)
@@ -882,99 +827,10 @@ class Engine:
 
     @classmethod
     def recover(cls, store: Store, state: RecoveredState | None = None) -> Engine:
-        """Rebuild the engine from what the store recovered after a restart.
+        """An engine holding what the store recovered (see streaming.core.engine.recovery)."""
+        from streaming.core.engine.recovery import rebuild  # it builds on this module's structures
 
-        Subscriptions of registered clients come back online with every pending message due (flagged,
-        before any new message); durables of unknown clients or marked closed stay offline; other
-        subscriptions of unknown clients are dropped. Call `start(now)` to send what is due.
-        """
-        engine = cls(store)
-        state = state if state is not None else store.recover()
-        for client in state.clients:
-            engine.add_client(client.client_id)
-        channels = {c.name for c in state.channels}
-        shadows: dict[tuple[str, str], list[tuple[SubscriptionRecord, dict[int, int]]]] = {}
-
-        def online(record: SubscriptionRecord) -> bool:
-            return record.client_id in engine._clients and not record.is_closed
-
-        # Online subscriptions first, so departed members' messages find the live members of their group.
-        ordered = sorted(state.subscriptions, key=lambda s: (not online(s.record), s.record.sub_id))
-        for recovered in ordered:
-            record, pending = recovered.record, dict(recovered.pending)
-            is_online = online(record)
-            if record.channel not in channels:
-                engine._updates.append(DeleteSubscription(record.sub_id))
-            elif record.queue_group:
-                key = _group_key(record.durable_name, record.queue_group)
-                if is_online:
-                    engine._restore(record, pending, engine._restore_group(record, key), online=True)
-                elif record.is_durable:
-                    shadows.setdefault((record.channel, key), []).append((record, pending))
-                else:
-                    group = engine._groups.get(record.channel, {}).get(key)
-                    if group is not None and group.members:
-                        # A non-durable member whose client is gone: its messages go to the others.
-                        engine._distribute(group, sorted(pending.items()), Reason.RESTART)
-                    engine._updates.append(DeleteSubscription(record.sub_id))
-            elif record.is_durable or is_online:
-                engine._restore(record, pending, None, online=is_online)
-            else:
-                engine._updates.append(DeleteSubscription(record.sub_id))
-        for (channel, key), candidates in shadows.items():
-            engine._restore_shadow(channel, key, candidates)
-        return engine
-
-    def _restore_group(self, record: SubscriptionRecord, key: str) -> _Group:
-        groups = self._groups.setdefault(record.channel, {})
-        group = groups.get(key)
-        if group is None:
-            group = groups[key] = _Group(record.channel, key, record.is_durable, record.last_sent)
-        group.last_sent = max(group.last_sent, record.last_sent)
-        return group
-
-    def _restore_shadow(
-        self, channel: str, key: str, candidates: list[tuple[SubscriptionRecord, dict[int, int]]]
-    ) -> None:
-        """An empty durable group's state; several shadows merge into the one with the highest position."""
-        candidates.sort(key=lambda c: c[0].last_sent)
-        record, pending = candidates[-1]
-        group = self._groups.get(channel, {}).get(key)
-        for other, other_pending in candidates[:-1]:
-            for seq, attempt in other_pending.items():
-                if group is None or not any(seq in m.pending for m in group.members):
-                    pending[seq] = max(attempt, pending.get(seq, 0))
-                    self._updates.append(SetPending(record.sub_id, seq, pending[seq]))
-            self._updates.append(DeleteSubscription(other.sub_id))
-        if group is not None and group.members:
-            # Members came back (live clients): the shadow's messages go to them.
-            self._distribute(group, sorted(pending.items()), Reason.RESTART)
-            group.last_sent = max(group.last_sent, record.last_sent)
-            self._updates.append(DeleteSubscription(record.sub_id))
-            return
-        group = self._restore_group(record, key)
-        sub = self._restore(record, pending, group, online=False)
-        group.members.remove(sub)
-        group.shadow = sub
-
-    def _restore(
-        self, record: SubscriptionRecord, pending: dict[int, int], group: _Group | None, *, online: bool
-    ) -> _Sub:
-        record = attrs.evolve(record, is_closed=not online)
-        sub = _Sub(record, group, online)
-        for seq in sorted(pending):
-            sub.pending.add_due(seq, pending[seq], Reason.RESTART)
-        self._add(sub)
-        if record.is_durable and not record.queue_group:
-            self._durables[(record.client_id, record.channel, record.durable_name)] = sub
-        if group is not None:
-            group.members.append(sub)
-        if online:
-            self._by_ack_inbox[record.ack_inbox] = record.sub_id
-            self._clients[record.client_id].subs.add(record.sub_id)
-            if group is None:
-                self._plain.setdefault(record.channel, {})[record.sub_id] = sub
-        return sub
+        return rebuild(cls(store), state if state is not None else store.recover())
 
     def start(self, now: float) -> None:
         """After recovery: redeliver everything recovered, then send what is new."""
@@ -1006,3 +862,38 @@ def dead_letter_payload(dead: DeadLetter) -> bytes:
         },
         separators=(",", ":"),
     ).encode()
+
+
+class Inspection:
+    """Read-only queries of one engine's state, for tests, benchmarks and debugging; the server itself
+    asks only what `Engine` answers directly."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def client_ids(self) -> list[str]:
+        return list(self._engine._clients)
+
+    def pending(self, sub_id: int) -> dict[int, int]:
+        """seq -> attempt of one subscription's unacknowledged messages."""
+        sub = self._engine._subs[sub_id]
+        return {seq: sub.pending.attempt(seq) for seq in sub.pending}
+
+    def in_flight(self, sub_id: int) -> int:
+        """Pending messages sent and not yet expired (excludes those waiting to be redelivered)."""
+        return self._engine._subs[sub_id].pending.in_flight
+
+    def waiting(self, sub_id: int) -> set[int]:
+        """Pending messages due for redelivery that the subscription cannot take yet."""
+        return set(self._engine._subs[sub_id].pending.due())
+
+    def owner_key(self, sub_id: int) -> tuple[str, str, int]:
+        """Who acks count for: the queue group (any member) or the subscription itself."""
+        sub = self._engine._subs[sub_id]
+        if sub.group is not None:
+            return (sub.group.channel, sub.group.name, 0)
+        return (sub.record.channel, "", sub_id)
+
+    def group_members(self, channel: str, group_key: str) -> list[int]:
+        group = self._engine._groups.get(channel, {}).get(group_key)
+        return [] if group is None else [m.record.sub_id for m in group.members]

@@ -1,23 +1,24 @@
-"""Runs the delivery engine under Trio: timers, store flushing, and handing deliveries to the sender.
+"""The engine's clock and the state writer under Trio: AckWait timers, expiry passes, MaxInactivity,
+and the subscription-state writes the commit pipeline queues.
 
 - One task per subscription sleeps in a CancelScope whose deadline is reassigned to the
   subscription's earliest AckWait deadline (plus a grace of 50 ms, see below); there is never a task,
   scope or timer per message. When it fires it queues its subscription for the expiry worker.
 - The expiry worker handles queued subscriptions `scan_limit` messages at a time with a checkpoint in
-  between, so acks and publishes are not starved by a large expiry, and calls `sync()` once per chunk.
+  between, so acks and publishes are not starved by a large expiry, and has the commit pipeline carry
+  out each chunk's effects (`Pipeline.settle`).
   It also keeps the subscriptions' deadlines in a heap and sleeps until the earliest: when a message
   fanned out to many subscriptions expires everywhere at once, it handles them all in one pass and
-  re-arms their timers before they fire. That matters because a cancel-scope expiry costs ~20 us in
-  Trio and all expiries due at one instant run in one scheduler batch, with no I/O in between (1,000
-  subscriptions sharing a deadline: a 20 ms stall). The per-subscription timers are the backstop:
+  re-arms their timers before they fire. That matters because each cancel-scope expiry costs Trio
+  real time and all expiries due at one instant run in one scheduler batch, with no I/O in between
+  (a thousand subscriptions sharing a deadline stall the loop). The per-subscription timers are the backstop:
   they fire whenever the worker is more than the grace behind.
-- One flusher task writes what the engine queued: dead letters first (published to their channel
-  and delivered like any message), then subscription/pending updates in one `Store.apply` per burst;
-  with `flush_linger` a burst is what gathers that long after the first write is queued (group commit).
-  A `before_state_write` hook is awaited before each write: the server's waits (briefly) for the end
-  of a publish commit, so that the write's fsync does not queue ahead of the next publish's.
-- Callers change the engine and then call `sync()` (never blocks): deliveries go to `deliver` in
-  order, timers are re-armed, the flusher is woken.
+- One flusher task writes what the pipeline queued (`queue`): dead letters first (committed through
+  the publish group commit, like any publish, and delivered like any message), then
+  subscription/pending updates in one `Store.apply` per burst; with `flush_linger` a burst is what
+  gathers that long after the first write is queued (group commit). With `align_writes` each write
+  waits (briefly) for the end of a publish commit, so that its fsync does not queue ahead of the next
+  publish's.
 
 With `store_in_thread=True` store writes run on a worker thread (LMDB, in production), but for large
 subscription-state writes (`_INLINE_STATE_WRITE`). Tests under MockClock keep it False: virtual time
@@ -31,28 +32,33 @@ import heapq
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import TypeVar
 
 import attrs
 import trio
 
-from storage import ChannelError, NewMessage, Store, StoreError, SubUpdate, net_effect
-from streaming.engine import DeadLetter, Delivery, Engine, dead_letter_payload
-from streaming.observers import ServerObserver
+from storage import ChannelError, StoreError, SubUpdate, net_effect
+from streaming.core.engine import DeadLetter, Engine, dead_letter_payload
+from streaming.core.group_commit import GroupCommit
+from streaming.core.outbound import Publish
+from streaming.core.pipeline import Pipeline, StateWriter
 
 log = logging.getLogger(__name__)
 _INLINE_APPLY = 2000  # updates per store call when the store runs on the Trio thread
 # A subscription-state write this large runs on the Trio thread even when the store has a worker
 # thread: py-lmdb lets go of the interpreter lock around every put and delete, so on a worker each
-# update costs two lock handoffs with a busy event loop (consume with acks: +8% here, +15% with the
-# event log on). Inline, 256 updates cost ~0.3 ms, fsync included. Smaller writes (a lightly loaded
+# update costs two lock handoffs with a busy event loop (bench/README.md, **consume**). Inline, a write
+# of this size takes a fraction of a millisecond, fsync included. Smaller writes (a lightly loaded
 # server, where latency matters more) stay on the worker, so their fsync never holds up the loop.
 _INLINE_STATE_WRITE = 256
 _FLUSH_HOLD_S = 0.2  # the longest subscription writes wait for a redelivery pass
 _RETRY_FIRST_S = 0.5  # after a refused state write (a full disk), the first retry; doubled up to
 _RETRY_MAX_S = 5.0
+# With `align_writes`, a state write starts at the end of a publish commit if one ends within this: its
+# fsync is then done before the next publish's, which otherwise queued behind it on the disk.
+_STATE_WRITE_ALIGN_S = 0.003
 T = TypeVar("T")
 
 
@@ -60,7 +66,7 @@ def tune_gc() -> None:
     """The collector policy for a long-running server process; call it once after recovery.
 
     With the default thresholds a full collection walks every live object every ~700 x 10 x 10
-    allocations, and on this workload that is a 20-50 ms pause in the middle of a redelivery pass.
+    allocations, and on this workload that is a pause of tens of ms in the middle of a redelivery pass.
     Freezing what exists after startup (recovered state, imported code) takes it out of every later
     scan, and larger thresholds make young and full collections rarer. Cycles are still collected.
     """
@@ -86,24 +92,22 @@ class RuntimeStatistics:
     longest_expiry_chunk_s: float
 
 
-class EngineRuntime:
+class EngineRuntime(StateWriter):
     def __init__(
         self,
         engine: Engine,
-        deliver: Callable[[list[Delivery]], None],
         *,
         store_in_thread: bool = False,
         scan_limit: int = 500,
         grace: float = 0.05,
         flush_linger: float = 0.0,
-        before_state_write: Callable[[], Awaitable[None]] | None = None,
-        observer: ServerObserver | None = None,
+        align_writes: bool = False,
     ) -> None:
         self.engine = engine
-        self._before_write = before_state_write
-        self._observer = observer
-        self.store: Store = engine.store
-        self._deliver = deliver
+        self._align = align_writes
+        self.store = engine.store
+        self._pipeline: Pipeline | None = None
+        self._commit: GroupCommit | None = None
         self._store_in_thread = store_in_thread
         self._scan_limit = scan_limit
         self._timers: dict[int, _Timer] = {}
@@ -120,11 +124,10 @@ class EngineRuntime:
         self._sweep_wake: trio.CancelScope | None = None
         self._grace = grace
         self._linger = flush_linger
-        self.deleting: set[str] = set()  # channels being deleted for MaxInactivity (publishes refused)
         self._expiry_passes = 0
         self._timer_fires = 0
         self._longest_chunk = 0.0
-        self._queued = 0  # generation of the queue: counts sync()s and queue_updates() that added to it
+        self._queued = 0  # generation of the queue: counts the additions to it
         self._written = 0  # the generation the last write attempt took in
         self._written_ok = True
         self._write_done = trio.Event()  # set after every write attempt
@@ -135,6 +138,16 @@ class EngineRuntime:
         # While the store refuses writes (a full disk), the last refusal: state writes' and publishes'.
         self.write_error: StoreError | None = None
         self._state_failing = False
+
+    def bind(self, pipeline: Pipeline, group_commit: GroupCommit) -> None:
+        """The pipeline whose effects this writes, and the group commit that stores dead letters."""
+        self._pipeline = pipeline
+        self._commit = group_commit
+
+    @property
+    def pipeline(self) -> Pipeline:
+        assert self._pipeline is not None, "bind() first"
+        return self._pipeline
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the timer tasks and the flusher until cancelled; then flush what is left."""
@@ -149,37 +162,29 @@ class EngineRuntime:
                 ):
                     nursery.start_soon(self._inactivity_task)
                 task_status.started()
-                self.sync()
+                self.pipeline.settle()
                 await trio.sleep_forever()
         finally:
             self._nursery = None
             with trio.move_on_after(5, shield=True):
                 await self._drain()
 
-    def sync(self) -> None:
-        """Take everything the engine queued since the last call and act on it. Never blocks."""
-        engine = self.engine
-        deliveries = engine.take_deliveries()
-        if deliveries:
-            self._deliver(deliveries)
-        dead = engine.take_dead_letters()
-        updates = engine.take_updates()
-        if dead or updates:
-            self._dead += dead
-            self._updates += updates
-            self._queued += 1
-            self._work.set()
-            self._idle = trio.Event() if self._idle.is_set() else self._idle
-        for sub_id in engine.take_timer_changes():
-            self._arm(sub_id)
-
-    def queue_updates(self, updates: list[SubUpdate]) -> None:
-        """Queue state updates of the server's own (client records) behind the engine's, in order."""
-        self.sync()
+    def queue(self, dead_letters: list[DeadLetter], updates: list[SubUpdate]) -> None:
+        """Queue what the pipeline carried out for writing: dead letters first, then the updates."""
+        self._dead += dead_letters
         self._updates += updates
         self._queued += 1
         self._work.set()
         self._idle = trio.Event() if self._idle.is_set() else self._idle
+
+    def rearm(self, sub_ids: Iterable[int]) -> None:
+        for sub_id in sub_ids:
+            self._arm(sub_id)
+
+    def queue_updates(self, updates: list[SubUpdate]) -> None:
+        """Queue state updates of the server's own (client records) behind the engine's, in order."""
+        self.pipeline.settle()
+        self.queue([], updates)
 
     def store_refused(self, exc: StoreError) -> None:
         """The store refused a write of someone else's (a publish commit): the server is degraded."""
@@ -196,7 +201,7 @@ class EngineRuntime:
     async def write_now(self) -> bool:
         """Write everything queued at once (no linger) and wait for it: True once it is stored; False
         if the store refused (a full disk), in which case it stays queued and is written later."""
-        self.sync()
+        self.pipeline.settle()
         target = self._queued
         if self._written >= target:
             await trio.lowlevel.checkpoint()
@@ -212,7 +217,7 @@ class EngineRuntime:
 
     async def flush(self) -> None:
         """Wait until everything queued so far is written to the store."""
-        self.sync()
+        self.pipeline.settle()
         if self._updates or self._dead:
             await self._idle.wait()
         else:
@@ -268,7 +273,7 @@ class EngineRuntime:
 
     def _queue(self, sub_id: int, timer: _Timer) -> None:
         """Hand a due subscription to the expiry worker and disarm its timer; the worker re-arms it
-        (through sync()) once it has handled what was due."""
+        (through the pipeline's settle) once it has handled what was due."""
         timer.deadline = timer.due = math.inf
         if timer.wake is not None:
             timer.wake.deadline = math.inf
@@ -300,7 +305,7 @@ class EngineRuntime:
                     if budget > 0:  # this subscription is done for now
                         del self._expired[sub_id]
                         self.engine.mark_timer(sub_id)
-                self.sync()
+                self.pipeline.settle()
                 self._longest_chunk = max(self._longest_chunk, time.perf_counter() - started)
                 await trio.lowlevel.checkpoint()  # let acks and publishes in between chunks
                 self._sweep(trio.current_time())
@@ -322,18 +327,18 @@ class EngineRuntime:
         so it looks again at least once a second (one scan of the channel list, not per message)."""
         while True:
             now = trio.current_time()
+            deleting = self.pipeline.deleting
             for name in self.engine.inactive_channels(now):
-                self.deleting.add(name)
+                deleting.add(name)
                 try:
                     await self._call(partial(self.store.delete_channel, name))
                 except StoreError:
                     log.exception("could not delete inactive channel %r", name)
                     continue
                 finally:
-                    self.deleting.discard(name)
-                self.engine.drop_channel(name)
+                    deleting.discard(name)
+                self.pipeline.channel_deleted(name)
                 log.info("deleted channel %r after its MaxInactivity", name)
-            self.sync()
             due = self.engine.next_inactivity_check(trio.current_time())
             await trio.sleep_until(min(due if due is not None else math.inf, trio.current_time() + 1.0))
 
@@ -359,8 +364,8 @@ class EngineRuntime:
                     await self._pass_done.wait()
             self._work = trio.Event()
             urgent, self._urgent = self._urgent, False
-            if self._before_write is not None and not urgent:
-                await self._before_write()
+            if self._align and not urgent and self._commit is not None:
+                await self._commit.wait_commit(_STATE_WRITE_ALIGN_S)
             taken = self._queued
             ok = await self._write_queued()
             self._written, self._written_ok = taken, ok
@@ -436,35 +441,16 @@ class EngineRuntime:
     async def _publish_dead_letters(self, dead: list[DeadLetter]) -> bool:
         """Store dead letters (False if the store refused). They go before the updates that drop
         them from pending, so a crash in between can only repeat a dead letter, never lose one."""
-        messages = []
-        for letter in dead:
-            try:
-                self.store.ensure_channel(letter.channel)
-            except ChannelError as exc:
-                log.error("dead letter of %s seq %d dropped: %s", letter.origin_channel, letter.seq, exc)
-                continue
-            except StoreError as exc:
-                self._failed(exc)
+        assert self._commit is not None, "bind() first"
+        letters = [Publish(d.channel, dead_letter_payload(d), "", "", "") for d in dead]
+        errors = await self._commit.store_own(letters)
+        for letter, publish in zip(dead, letters, strict=True):
+            error = errors.get(id(publish))
+            if isinstance(error, StoreError) and not isinstance(error, ChannelError):
+                self._failed(error)
                 return False
-            messages.append(NewMessage(letter.channel, dead_letter_payload(letter)))
-        if not messages:
-            return True
-        started = time.perf_counter()
-        try:
-            result = await self._call(partial(self.store.append, messages))
-        except StoreError as exc:
-            self._failed(exc)
-            return False
-        if self._observer is not None:
-            self._observer.on_commit(time.perf_counter() - started, len(messages))
-            for message, (seq, _) in zip(messages, result.assigned, strict=True):
-                self._observer.on_published(message.channel, seq, 1, len(message.data))
-        now = trio.current_time()
-        for channel, dropped in result.dropped.items():
-            self.engine.on_dropped(channel, dropped)
-        for channel in {m.channel for m in messages}:
-            self.engine.on_appended(channel, now)
-        self.sync()
+            if error is not None:
+                log.error("dead letter of %s seq %d dropped: %s", letter.origin_channel, letter.seq, error)
         return True
 
     async def _call(self, fn: Callable[[], T]) -> T:

@@ -11,10 +11,11 @@ publisher ever waits for it.
 
 In-process subscribers (the STAN layer) register handlers with `subscribe()`. A handler runs in the
 publishing connection's reader task, in arrival order; it may return an awaitable, which the reader
-awaits before reading on (that is how one connection's requests stay ordered). Handlers
-registered with `add_batch_hook` run after each chunk read from a socket, so work can be batched per
-read rather than per message. A large read is handled in slices (`_EVENTS_PER_STEP`), with the hooks
-and a checkpoint after each, so other connections' writers are not starved meanwhile.
+awaits before reading on (that is how one connection's requests stay ordered). Each chunk read from
+a socket is one input span: listeners registered with `add_span_listener` (the delivery core) hear
+when one starts and ends, so work can be batched per read rather than per message. A large read is
+handled in slices (`_EVENTS_PER_STEP`), each its own span, with a checkpoint after each, so other
+connections' writers are not starved meanwhile.
 """
 
 from __future__ import annotations
@@ -27,15 +28,15 @@ import os
 import secrets
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import trio
 
 from streaming.memory import release_freed_memory
-from streaming.nats import protocol as p
-from streaming.nats.sockets import write_now
-from streaming.nats.subjects import Sublist, valid_literal, valid_subject
+from streaming.wire import nats as p
+from streaming.wire.sockets import write_now
+from streaming.wire.subjects import Sublist, valid_literal, valid_subject
 
 log = logging.getLogger(__name__)
 _EVENTS_PER_STEP = 128  # events handled from one read before the reader lets other tasks run
@@ -197,6 +198,14 @@ class Connection:
             self.reader_scope.cancel()
 
 
+class SpanListener(Protocol):
+    def span_started(self) -> None:
+        """A reader starts handling a span of input (it does not await until the span ends)."""
+
+    def span_ended(self, *, more_input: bool) -> None:
+        """The span is handled; `more_input`: that reader has more (unparsed, or after a full read)."""
+
+
 class Broker:
     def __init__(self, config: BrokerConfig | None = None) -> None:
         self.config = config or BrokerConfig()
@@ -205,10 +214,8 @@ class Broker:
         self._sub_added = trio.Event()
         self._conns: dict[int, Connection] = {}
         self._cids = itertools.count(1)
-        self._batch_hooks: list[Callable[[], None]] = []
+        self._span_listeners: list[SpanListener] = []
         self._close_hooks: list[Callable[[list[str]], None]] = []
-        self.reading = False  # a reader is handling a span: the batch hooks run before it yields
-        self.more_input = False  # for the hooks: that reader has more to handle (unparsed, or a full read)
         self.holding = 0  # depth of `holding_writes` blocks
         self.held: list[Connection] = []  # connections with bytes queued inside them
         self.port = 0
@@ -231,8 +238,9 @@ class Broker:
         assert isinstance(token, _Sub)
         self._sublist.remove(token)
 
-    def add_batch_hook(self, hook: Callable[[], None]) -> None:
-        self._batch_hooks.append(hook)
+    def add_span_listener(self, listener: SpanListener) -> None:
+        """`listener` hears when a reader starts and ends handling a span of a connection's input."""
+        self._span_listeners.append(listener)
 
     def add_close_hook(self, hook: Callable[[list[str]], None]) -> None:
         """`hook(subjects)` runs when a connection is gone, with the subjects it had subscribed to."""
@@ -276,10 +284,9 @@ class Broker:
             return
         for sub in receivers:
             assert sub.conn is not None
-            prefix = f"MSG {subject} {sub.sid} ".encode()
-            sub.conn.send(b"".join(b"%b%d\r\n%b\r\n" % (prefix, len(p), p) for p in payloads))
+            sub.conn.send(p.encode_msgs(subject, sub.sid, payloads))
             self.out_msgs += len(payloads)
-            self.out_bytes += sum(len(p) for p in payloads)
+            self.out_bytes += sum(map(len, payloads))
             sub.delivered += len(payloads)
 
     def _route(self, subject: str, reply: str, payload: bytes, origin: Connection | None) -> list[Awaitable[None]]:
@@ -296,11 +303,7 @@ class Broker:
                 continue
             if conn is origin and not conn.echo:
                 continue
-            if reply:
-                header = f"MSG {subject} {sub.sid} {reply} {len(payload)}\r\n".encode()
-            else:
-                header = f"MSG {subject} {sub.sid} {len(payload)}\r\n".encode()
-            conn.send(header + payload + b"\r\n")
+            conn.send(p.encode_msg(subject, sub.sid, reply, payload))
             self.out_msgs += 1
             self.out_bytes += len(payload)
             sub.delivered += 1
@@ -463,7 +466,7 @@ class Broker:
     async def _reader(self, conn: Connection) -> None:
         stream = conn.stream
         parser = conn.parser
-        hooks = self._batch_hooks
+        listeners = self._span_listeners
         while not conn.closing:
             try:
                 data = await stream.receive_some(_READ_SIZE)
@@ -475,18 +478,18 @@ class Broker:
             full = len(data) == _READ_SIZE  # the socket likely holds more
             try:
                 while True:
-                    # One synchronous span of the chunk: its replies and what the hooks set off
+                    # One synchronous span of the chunk: its replies and what its listeners set off
                     # (deliveries, PubAcks) leave in one write per connection as it ends.
                     with self.holding_writes():
-                        self.reading = True
-                        self.more_input = True
+                        for listener in listeners:
+                            listener.span_started()
+                        more_input = True
                         try:
                             waits, more = self._handle_span(conn, parser)
-                            self.more_input = more or full
+                            more_input = more or full
                         finally:
-                            self.reading = False
-                            for hook in hooks:
-                                hook()
+                            for listener in listeners:
+                                listener.span_ended(more_input=more_input)
                     for wait in waits:
                         await wait
                     if not more:

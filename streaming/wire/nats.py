@@ -383,6 +383,12 @@ def encode_msg(subject: str, sid: str, reply: str, payload: bytes) -> bytes:
     return f"MSG {subject} {sid} {len(payload)}\r\n".encode() + payload + b"\r\n"
 
 
+def encode_msgs(subject: str, sid: str, payloads: list[bytes]) -> bytes:
+    """Several MSGs to one subscription, without reply subjects, as one buffer (a run of deliveries)."""
+    prefix = f"MSG {subject} {sid} ".encode()
+    return b"".join(b"%b%d\r\n%b\r\n" % (prefix, len(p), p) for p in payloads)
+
+
 def encode_pub(subject: str, reply: str, payload: bytes) -> bytes:
     _check_token(subject, "subject")
     if reply:

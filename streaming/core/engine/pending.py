@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 
-from streaming.engine.events import Reason
+from streaming.core.engine.events import Reason
 
 
 class PendingSet:

@@ -3,9 +3,8 @@
 It imports no Trio, no LMDB and no metrics code (import-linter checks this); time comes in as `now`.
 """
 
-from streaming.engine.engine import Engine, SubscribeRequest, SubscriptionView, dead_letter_payload
-from streaming.engine.errors import RequestError
-from streaming.engine.events import (
+from streaming.core.engine.engine import Effects, Engine, SubscribeRequest, SubscriptionView, dead_letter_payload
+from streaming.core.engine.events import (
     Acked,
     AckTimedOut,
     DeadLetter,
@@ -23,6 +22,7 @@ from streaming.engine.events import (
     SubscriptionCreated,
     SubscriptionRemoved,
 )
+from streaming.core.errors import RequestError
 
 __all__ = [
     "AckTimedOut",
@@ -31,6 +31,7 @@ __all__ = [
     "DeadLettered",
     "Delivered",
     "Delivery",
+    "Effects",
     "Engine",
     "Event",
     "ExpiredByLimit",

@@ -1,0 +1,148 @@
+"""An LMDB environment as the store uses it: named databases, read and write transactions, and a map
+that grows by itself.
+
+The map size is always set. When a write hits MapFullError the transaction has already been aborted;
+the map is grown once no transaction of this process is open (the resize gate) and the whole write
+is retried, so callers never see it. Only the configured maximum, or a full disk, ends in an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import lmdb
+
+from storage.errors import DamagedStoreError, IntegrityError, StoreError, StoreFullError, write_failed
+
+T = TypeVar("T")
+# What py-lmdb raises for a damaged file (pages that do not parse, a wrong version stamp).
+DAMAGED = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.VersionMismatchError)
+MiB = 1 << 20
+DEFAULT_MAP_SIZE = 256 * MiB
+DEFAULT_MAX_MAP_SIZE = 1 << 40
+
+
+class _ResizeGate:
+    """Many transactions at once, or one map resize alone (LMDB requires no open transaction)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+        self._resizing = False
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._resizing:
+                self._cond.wait()
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            while self._resizing:
+                self._cond.wait()
+            self._resizing = True
+            while self._active:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._resizing = False
+                self._cond.notify_all()
+
+
+class Environment:
+    """One LMDB environment with its named databases, write lock and resize gate."""
+
+    def __init__(self, path: Path, names: Sequence[str], map_size: int, max_map_size: int, **flags: Any) -> None:
+        self.path = path
+        self.max_map_size = max_map_size
+        path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.env = lmdb.open(str(path), map_size=map_size, max_dbs=len(names), **flags)
+        except lmdb.Error as exc:
+            # LMDB reports a mangled meta page with a plain Error ("data format ... not supported").
+            if isinstance(exc, DAMAGED) or (path / "data.mdb").exists():
+                raise DamagedStoreError(f"{path / 'data.mdb'} is damaged or not an LMDB file ({exc})") from exc
+            raise StoreError(f"{path}: cannot open the LMDB environment ({exc})") from exc
+        try:
+            self.dbs = {name: self.env.open_db(name.encode()) for name in names}
+        except lmdb.Error as exc:
+            self.env.close()
+            if isinstance(exc, DAMAGED):
+                raise DamagedStoreError(f"{path / 'data.mdb'} is damaged ({exc})") from exc
+            raise self._write_error(exc) from exc
+        self.gate = _ResizeGate()
+        self.write_lock = threading.Lock()
+
+    def read(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+        with self.gate.shared():
+            try:
+                with self.env.begin() as txn:
+                    return fn(txn)
+            except DAMAGED as exc:
+                raise IntegrityError(f"{self.path}: the LMDB file is damaged ({exc})") from exc
+
+    def write(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+        """Run `fn` in one write transaction and commit; retried whole after growing a full map.
+
+        Callers hold `write_lock` and change in-memory mirrors only after this returns.
+        """
+        while True:
+            try:
+                with self.gate.shared(), self.env.begin(write=True) as txn:
+                    return fn(txn)
+            except lmdb.MapFullError:
+                self._grow()
+            except DAMAGED as exc:
+                raise IntegrityError(f"{self.path}: the LMDB file is damaged ({exc})") from exc
+            except lmdb.Error as exc:
+                raise self._write_error(exc) from exc
+
+    def _grow(self) -> None:
+        with self.gate.exclusive():
+            current = self.env.info()["map_size"]
+            if current >= self.max_map_size:
+                raise StoreFullError(f"{self.path}: the store reached its maximum size of {self.max_map_size} bytes")
+            self.env.set_mapsize(min(current * 2, self.max_map_size))
+
+    def _write_error(self, exc: lmdb.Error) -> StoreError:
+        return write_failed(self.path, exc)
+
+    def used_bytes(self) -> int:
+        info, stat = self.env.info(), self.env.stat()
+        return int((info["last_pgno"] + 1) * stat["psize"])
+
+    def map_size(self) -> int:
+        return int(self.env.info()["map_size"])
+
+    def sync(self) -> None:
+        """Flush every commit so far to the disk (for an environment opened with sync=False)."""
+        try:
+            with self.gate.shared():
+                self.env.sync(True)
+        except lmdb.Error as exc:
+            raise self._write_error(exc) from exc
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def delete_prefix(cursor: lmdb.Cursor, prefix: bytes) -> None:
+    """Delete every key starting with `prefix` (keys are prefixed by a channel or subscription id)."""
+    if cursor.set_range(prefix):
+        while cursor.key()[: len(prefix)] == prefix:
+            if not cursor.delete():
+                break

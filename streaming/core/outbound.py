@@ -1,0 +1,125 @@
+"""The one port through which the core reaches a front door, and the publish a front door hands in.
+
+A front door (STAN over the NATS broker; an HTTP gateway) implements `Outbound`: it receives the
+deliveries for the subscriptions it made and the outcome of the publishes it submitted, and turns
+them into its protocol's frames. The core never knows which protocol that is. `Doors` routes by
+inbox: each door claims the inboxes it hands out by prefix; the first door added takes every inbox
+no other door claims (STAN clients choose their inboxes freely).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from typing import Protocol
+
+import attrs
+
+from streaming.core.engine import Delivery
+
+
+@attrs.define(slots=True)
+class Publish:
+    """One message a client publishes, as every front door hands it to the commit pipeline.
+
+    Not frozen only because one is built per message; treat it as immutable.
+    """
+
+    channel: str
+    data: bytes
+    reply: str  # stored with the message and delivered with it (STAN's PubMsg.reply)
+    guid: str  # the publisher's ID of this message, echoed in its acknowledgement
+    ack_to: str  # where the acknowledgement goes, in the door's own terms ("" = none wanted)
+    origin: PublishOrigin | None = None  # who is told the outcome; None: nobody
+
+
+class PublishOrigin(Protocol):
+    """Whoever submitted publishes and wants their outcome (a front door; the state writer)."""
+
+    def published(self, publishes: Sequence[Publish], errors: dict[int, Exception]) -> None:
+        """Acknowledge these publishes, in order: stored, or refused with `errors[id(publish)]`
+        (a `storage.StoreError`, a `storage.ChannelError` or a `RequestError`). Never blocks."""
+
+
+class Outbound(PublishOrigin, Protocol):
+    """What a front door implements to receive what the core sends its clients."""
+
+    def deliver(self, deliveries: Sequence[Delivery]) -> None:
+        """Send these (in order) to the subscriptions' inboxes. Never blocks."""
+
+    def holding(self) -> AbstractContextManager[None]:
+        """What the door is sent inside leaves together at the end (one write per connection)."""
+
+    async def wait_reachable(self, inboxes: list[str]) -> None:
+        """Return once every inbox can be delivered to (its client is back after a restart)."""
+
+
+class Doors:
+    """Every front door's port, as one `Outbound` for the core."""
+
+    def __init__(self) -> None:
+        self._default: Outbound | None = None
+        self._prefixed: list[tuple[str, Outbound]] = []
+        self._ports: list[Outbound] = []
+
+    def add(self, port: Outbound, prefix: str = "") -> None:
+        """Route deliveries to inboxes starting with `prefix` to `port` (no prefix: every other one)."""
+        if prefix:
+            self._prefixed.append((prefix, port))
+        elif self._default is None:
+            self._default = port
+        else:
+            raise ValueError("a second door without an inbox prefix")
+        self._ports.append(port)
+
+    def port_for(self, inbox: str) -> Outbound | None:
+        for prefix, port in self._prefixed:
+            if inbox.startswith(prefix):
+                return port
+        return self._default
+
+    def deliver(self, deliveries: Sequence[Delivery]) -> None:
+        if not self._prefixed:  # one door: no routing
+            if self._default is not None:
+                self._default.deliver(deliveries)
+            return
+        runs: dict[int, tuple[Outbound, list[Delivery]]] = {}
+        for d in deliveries:
+            port = self.port_for(d.inbox)
+            if port is not None:
+                runs.setdefault(id(port), (port, []))[1].append(d)
+        for port, run in runs.values():
+            port.deliver(run)
+
+    def published(self, publishes: Sequence[Publish], errors: dict[int, Exception]) -> None:
+        first = publishes[0].origin if publishes else None
+        if all(p.origin is first for p in publishes):
+            if first is not None:
+                first.published(publishes, errors)
+            return
+        by_origin: dict[int, tuple[PublishOrigin, list[Publish]]] = {}
+        for p in publishes:
+            if p.origin is not None:
+                by_origin.setdefault(id(p.origin), (p.origin, []))[1].append(p)
+        for origin, run in by_origin.values():
+            origin.published(run, errors)
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        if len(self._ports) == 1:
+            with self._ports[0].holding():
+                yield
+            return
+        with ExitStack() as stack:
+            for port in self._ports:
+                stack.enter_context(port.holding())
+            yield
+
+    async def wait_reachable(self, inboxes: list[str]) -> None:
+        by_port: dict[int, tuple[Outbound, list[str]]] = {}
+        for inbox in inboxes:
+            port = self.port_for(inbox)
+            if port is not None:
+                by_port.setdefault(id(port), (port, []))[1].append(inbox)
+        for port, some in by_port.values():
+            await port.wait_reachable(some)

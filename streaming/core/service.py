@@ -1,0 +1,178 @@
+"""The delivery core as the front doors see it: the store, the engine, the commit pipeline, the publish
+group commit and the runtime, recovered and run as one.
+
+A front door registers its `Outbound` port (`doors.add`) before `run`, then turns its protocol's
+requests into calls on `pipeline` (subscribe, ack, ...), `publish` and `queue_state`; it never runs
+any part of the commit sequence itself. Around a burst of input (one read of a connection) it calls
+`span_started` / `span_ended`: the span's engine effects are carried out once, at its end, and its
+publishes are committed there when that is quickest (see `streaming.core.group_commit`).
+
+After a restart, commits and deliveries wait (up to `recovery_hold_s`) until the subscribers that had
+messages pending are reachable again, so that those messages are redelivered before anything new.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Awaitable, Sequence
+
+import trio
+
+from storage import DamagedStoreError, RecoveredState, Store, StoreError
+from storage.integrity import beyond_channels
+from streaming.core.engine import Engine, Observer
+from streaming.core.group_commit import GroupCommit
+from streaming.core.observers import ServerObserver
+from streaming.core.outbound import Doors, Publish
+from streaming.core.pipeline import Pipeline
+from streaming.core.runtime import EngineRuntime, call_store, tune_gc
+
+log = logging.getLogger(__name__)
+# Subscription-state writes (acks, positions) gather this long into one fsynced transaction; a
+# machine crash loses at most that much of them, which only causes redeliveries.
+_STATE_FLUSH_LINGER_S = 0.01
+
+
+class Core:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        store_in_thread: bool,
+        engine_observers: Sequence[Observer] = (),
+        observer: ServerObserver | None = None,
+        recovery_hold_s: float = 5.0,
+        scan_limit: int = 500,
+        grace: float = 0.05,
+        flush_linger_s: float | None = None,
+        align_state_writes: bool | None = None,
+    ) -> None:
+        self.store = store
+        self.in_thread = store_in_thread  # store calls that may fsync run on a worker thread
+        self._engine_observers = list(engine_observers)
+        self._observer = observer
+        self._hold_s = recovery_hold_s
+        self._scan_limit = scan_limit
+        self._grace = grace
+        # With the store on a worker thread (LMDB), state writes linger and wait for a publish commit's
+        # end; a memory store's writes cost nothing, so they go at once.
+        self._linger = (
+            flush_linger_s if flush_linger_s is not None else (_STATE_FLUSH_LINGER_S if store_in_thread else 0.0)
+        )
+        self._align = align_state_writes if align_state_writes is not None else store_in_thread
+        self.doors = Doors()
+        self.recovered: RecoveredState
+        self.engine: Engine
+        self.runtime: EngineRuntime
+        self.pipeline: Pipeline
+        self.group_commit: GroupCommit
+        self.ready = trio.Event()  # recovery finished: commits and deliveries flow
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Recover, then run the runtime and the group commit until cancelled."""
+        state: RecoveredState = await call_store(self.store.recover, in_thread=self.in_thread)
+        state = self._check_positions(state)
+        self.recovered = state
+        self.engine = Engine.recover(self.store, state)
+        for engine_observer in self._engine_observers:
+            self.engine.add_observer(engine_observer)
+        self.runtime = EngineRuntime(
+            self.engine,
+            store_in_thread=self.in_thread,
+            scan_limit=self._scan_limit,
+            grace=self._grace,
+            flush_linger=self._linger,
+            align_writes=self._align,
+        )
+        self.pipeline = Pipeline(
+            self.store, self.engine, self.doors, self.runtime, clock=trio.current_time, observer=self._observer
+        )
+        self.group_commit = GroupCommit(self.pipeline, store_in_thread=self.in_thread)
+        self.runtime.bind(self.pipeline, self.group_commit)
+        clients = {c.client_id for c in state.clients}
+        held = [s.record.inbox for s in state.subscriptions if s.pending and s.record.client_id in clients]
+        if held:
+            self.group_commit.pause()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.runtime.run)
+            await nursery.start(self.group_commit.run)
+            if self._expiry_configured():
+                nursery.start_soon(self._age_sweeper)
+            nursery.start_soon(self._start_after_recovery, held)
+            tune_gc()
+            task_status.started()
+
+    def _check_positions(self, state: RecoveredState) -> RecoveredState:
+        """Refuse a store whose subscribers were sent messages it no longer holds (see
+        `beyond_channels`); without file sync that is what a machine crash may do: say so, go on."""
+        state, problems = beyond_channels(state)
+        if problems and self.store.synced:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise DamagedStoreError(
+                f"{problems[0]}{more}: acknowledged messages are missing from the store's journal "
+                "(its last record is damaged, or a journal file was replaced)"
+            )
+        for problem in problems:
+            log.warning("%s (file_sync is off: a machine crash loses what was written since the last flush)", problem)
+        return state
+
+    async def _start_after_recovery(self, inboxes: list[str]) -> None:
+        """Recovered pending messages go out before new ones: wait (bounded) until the subscribers
+        that have some are reachable through their doors, then redeliver, then let commits through."""
+        if inboxes:
+            with trio.move_on_after(self._hold_s):
+                await self.doors.wait_reachable(inboxes)
+        self.pipeline.start()
+        self.group_commit.resume()
+        self.ready.set()
+
+    # -- for the front doors ---------------------------------------------------------------------
+
+    def publish(self, publish: Publish) -> Awaitable[None] | None:
+        """Queue a publish for the next group commit; its origin hears the outcome. Returns an
+        awaitable when the commit queue is full (await it before reading on: back-pressure)."""
+        commit = self.group_commit
+        commit.submit(publish)
+        return None if commit.has_room() else commit.wait_room()
+
+    async def flush_publishes(self) -> None:
+        """Wait until every publish submitted so far is committed and acknowledged."""
+        await self.group_commit.flush()
+
+    def span_started(self) -> None:
+        """A front door starts handling a burst of input (it does not await until `span_ended`)."""
+        self.pipeline.defer()
+        self.group_commit.span_started()
+
+    def span_ended(self, *, more_input: bool) -> None:
+        """The burst is handled: carry out its effects, and commit its publishes now or in the task
+        (`more_input`: the door has more of the same connection's input waiting)."""
+        self.pipeline.settle()
+        self.group_commit.after_span(more_input=more_input)
+
+    def store_write_error(self) -> StoreError | None:
+        """Why the store refuses writes, while it does (publishes, or subscription state)."""
+        return self.runtime.write_error
+
+    # -- limits ----------------------------------------------------------------------------------
+
+    def _expiry_configured(self) -> bool:
+        limits = self.store.limits
+        return limits.channel.max_age_s > 0 or any(c.max_age_s > 0 for c in limits.per_channel.values())
+
+    async def _age_sweeper(self) -> None:
+        """Removes messages past MaxAge; the store says when the next one expires."""
+        while True:
+            try:
+                result = await call_store(self.store.expire, in_thread=self.in_thread)
+            except StoreError:
+                log.exception("MaxAge sweep failed")
+                await trio.sleep(1)
+                continue
+            self.pipeline.dropped(result.dropped)
+            delay = 1.0
+            if result.next_expiry_unix_ns is not None:
+                delay = (result.next_expiry_unix_ns - time.time_ns()) / 1e9
+            await trio.sleep(min(max(delay, 0.005), 1.0) if not math.isnan(delay) else 1.0)

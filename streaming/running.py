@@ -1,0 +1,24 @@
+"""What a running server is made of, for monitoring and for tests that want more than the port."""
+
+from __future__ import annotations
+
+import attrs
+
+from storage import Store
+from streaming.core.service import Core
+from streaming.event_log import EventLog
+from streaming.stan.broker import Broker
+from streaming.stan.server import StanServer
+
+
+@attrs.define
+class Running:
+    """What `serve` hands to `task_status.started`."""
+
+    port: int
+    broker: Broker
+    core: Core
+    stan: StanServer
+    store: Store
+    http_port: int = 0  # the monitoring port, when one is served
+    event_log: EventLog | None = None

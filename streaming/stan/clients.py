@@ -1,0 +1,213 @@
+"""STAN clients: who is registered (by client ID and connID), the duplicate-client-ID probe, server
+heartbeats and client pings.
+
+A STAN session is not tied to a TCP connection: a client is known by its client ID and connID, and it
+is alive while it answers the heartbeats sent to its heartbeat inbox (one task per client, never one
+per message). A client that misses more than `hb_fail_count` is closed; while its heartbeats fail its
+subscriptions get nothing new, and what its queue members hold goes to the other members.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import secrets
+
+import attrs
+import trio
+
+from storage import ClientRecord, DeleteClient, SaveClient
+from streaming.core import errors
+from streaming.core.service import Core
+from streaming.stan.broker import Broker
+from streaming.stan.config import StanConfig
+from streaming.wire.stan_pb import protocol_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+def nuid() -> str:
+    """A unique token for subjects the server makes up (ack inboxes, reply subjects)."""
+    return secrets.token_urlsafe(16).replace("-", "A").replace("_", "B")
+
+
+@attrs.define
+class Client:
+    record: ClientRecord
+    failures: int = 0
+    checking: bool = False  # a duplicate-ID probe is running
+    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    poke: trio.Event = attrs.Factory(trio.Event)
+
+
+class Clients:
+    def __init__(self, config: StanConfig, broker: Broker, core: Core) -> None:
+        self.config = config
+        self._broker = broker
+        self._core = core
+        self._by_id: dict[str, Client] = {}
+        self._by_conn_id: dict[bytes, str] = {}
+        self._by_hb_inbox: dict[str, Client] = {}
+        self._reply_prefix = f"_STAN.srv.{config.cluster_id}.{nuid()}"
+        self._replies: dict[str, trio.MemorySendChannel[bytes]] = {}
+        self._jitter = random.Random()
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Take over the recovered clients and watch every client's heartbeats until cancelled."""
+        for record in self._core.recovered.clients:
+            self._add(record)
+        self._broker.subscribe(f"{self._reply_prefix}.*", self._on_reply)
+        self._broker.add_close_hook(self._on_connection_closed)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for client in self._by_id.values():
+                nursery.start_soon(self._heartbeat, client)
+            task_status.started()
+            await trio.sleep_forever()
+
+    # -- the registry ----------------------------------------------------------------------------
+
+    def records(self) -> list[ClientRecord]:
+        return [client.record for client in self._by_id.values()]
+
+    def get(self, client_id: str) -> Client | None:
+        return self._by_id.get(client_id)
+
+    def __contains__(self, client_id: str) -> bool:
+        return client_id in self._by_id
+
+    def by_conn_id(self, conn_id: bytes) -> str | None:
+        return self._by_conn_id.get(conn_id)
+
+    def _add(self, record: ClientRecord) -> Client:
+        client = self._by_id[record.client_id] = self._by_hb_inbox[record.hb_inbox] = Client(record)
+        if record.conn_id:
+            self._by_conn_id[record.conn_id] = record.client_id
+        return client
+
+    async def register(self, record: ClientRecord) -> str:
+        """Register a connecting client: "" once it is, else the error for its ConnectResponse. A
+        client ID in use is given up by its holder only when the holder does not answer a heartbeat."""
+        client_id = record.client_id
+        existing = self._by_id.get(client_id)
+        if existing is not None:
+            if existing.checking:
+                return errors.CLIENT_ALREADY_REGISTERED
+            existing.checking = True
+            try:
+                alive = await self.request(existing.record.hb_inbox, b"", self.config.dup_check_timeout_s)
+            finally:
+                existing.checking = False
+            if alive is not None or self._by_id.get(client_id) is not existing:
+                return errors.CLIENT_ALREADY_REGISTERED
+            log.info("client %r replaced by a new connection (the old one did not answer)", client_id)
+            await self.close(existing)
+            if client_id in self._by_id:
+                return errors.CLIENT_ALREADY_REGISTERED
+        client = self._add(record)
+        self._core.pipeline.add_client(client_id)
+        # Stored before the answer, unless the store refuses writes (a full disk): the client is
+        # served from memory then, and its record is written with the rest of the state once it can.
+        runtime = self._core.runtime
+        runtime.queue_updates([SaveClient(record)])
+        if not await runtime.write_now():
+            log.warning("client %r is served, but its registration waits for the store to take writes", client_id)
+        if self._nursery is not None:
+            self._nursery.start_soon(self._heartbeat, client)
+        return ""
+
+    async def close(self, client: Client) -> None:
+        client_id = client.record.client_id
+        if self._by_id.get(client_id) is not client:
+            return
+        del self._by_id[client_id]
+        self._by_conn_id.pop(client.record.conn_id, None)
+        if self._by_hb_inbox.get(client.record.hb_inbox) is client:
+            del self._by_hb_inbox[client.record.hb_inbox]
+        client.scope.cancel()
+        self._core.pipeline.client_closed(client_id)
+        self._core.runtime.queue_updates([DeleteClient(client_id)])
+        await trio.lowlevel.checkpoint()
+
+    # -- heartbeats and pings --------------------------------------------------------------------
+
+    async def request(self, subject: str, payload: bytes, wait: float) -> bytes | None:
+        """Request/reply from the server to a client; None after `wait` s or with no interest."""
+        if not self._broker.has_interest(subject):
+            return None  # no responders: answered at once (the embedded broker knows)
+        token = nuid()
+        send, receive = trio.open_memory_channel[bytes](1)
+        self._replies[token] = send
+        try:
+            for pending in self._broker.publish(subject, payload, reply=f"{self._reply_prefix}.{token}"):
+                await pending
+            with trio.move_on_after(wait):
+                return await receive.receive()
+            return None
+        finally:
+            del self._replies[token]
+
+    def _on_reply(self, subject: str, reply: str, payload: bytes) -> None:
+        channel = self._replies.get(subject.rsplit(".", 1)[-1])
+        if channel is not None:
+            with contextlib.suppress(trio.WouldBlock):  # a second answer to one heartbeat
+                channel.send_nowait(payload)
+
+    async def _heartbeat(self, client: Client) -> None:
+        """One task per client: probe its heartbeat inbox, close it after too many failures."""
+        cfg = self.config
+        client_id = client.record.client_id
+        pipeline = self._core.pipeline
+        with client.scope:
+            while True:
+                # +-10%: clients that connected together (a restart, a deploy) would otherwise be
+                # checked together every interval, a thousand requests in one scheduler batch (a
+                # stall of the loop every interval in bench/soak.py).
+                with trio.move_on_after(cfg.hb_interval_s * self._jitter.uniform(0.9, 1.1)):
+                    await client.poke.wait()
+                client.poke = trio.Event()
+                hb_inbox = client.record.hb_inbox
+                if not self._broker.has_interest(hb_inbox):
+                    # Gone with its connection, or reconnecting: it has as long to come back as a
+                    # heartbeat has to be answered.
+                    with trio.move_on_after(cfg.hb_timeout_s):
+                        await self._broker.wait_interest([hb_inbox])
+                answer = await self.request(hb_inbox, b"", cfg.hb_timeout_s)
+                if answer is not None:
+                    if client.failures:
+                        client.failures = 0
+                        pipeline.set_heartbeat_failed(client_id, False)
+                    continue
+                client.failures += 1
+                if client.failures == 1:
+                    pipeline.set_heartbeat_failed(client_id, True)
+                if client.failures > cfg.hb_fail_count:
+                    log.info("client %r missed %d heartbeats: closing it", client_id, client.failures)
+                    break
+        await self.close(client)
+
+    def _on_connection_closed(self, subjects: list[str]) -> None:
+        """A client whose heartbeat inbox went with a connection is checked now, not at its next
+        heartbeat: when it does not answer, its subscriptions stop receiving at once, and what its
+        queue members hold goes to the other members when its AckWait ends (a slow consumer cut off by
+        the broker, a crashed process). It is closed after its heartbeats keep failing, as any client."""
+        for subject in subjects:
+            client = self._by_hb_inbox.get(subject)
+            if client is not None and not self._broker.has_interest(subject):
+                client.poke.set()
+
+    def ping(self, payload: bytes) -> str:
+        """A client's ping: "" if its connID is registered, else the error for its PingResponse."""
+        try:
+            ping = pb.Ping.FromString(payload)
+        except Exception:
+            return errors.CLIENT_REPLACED
+        client_id = self._by_conn_id.get(bytes(ping.connID))
+        client = self._by_id.get(client_id) if client_id is not None else None
+        if client is None:
+            return errors.CLIENT_REPLACED
+        if client.failures:
+            client.poke.set()  # check its heartbeat now, so the failed mark clears quickly
+        return ""

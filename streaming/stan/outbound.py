@@ -1,0 +1,77 @@
+"""The STAN door's outbound port: deliveries become MsgProtos to the subscription's inbox, publish
+outcomes become PubAcks to the publisher's ack inbox, both written through the embedded broker."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+
+from storage import ChannelError, StoreError
+from streaming.core.engine import Delivery
+from streaming.core.errors import store_error
+from streaming.core.outbound import Publish
+from streaming.stan.broker import Broker
+from streaming.wire.stan_pb import protocol_pb2 as pb
+
+
+def error_text(error: Exception) -> str:
+    """What a STAN client is shown for a refused publish or request."""
+    if isinstance(error, StoreError) and not isinstance(error, ChannelError):
+        return store_error(error)  # never a server path or the storage engine's words
+    return str(error)  # a refused channel name, a channel being deleted: the client's to fix
+
+
+class StanOutbound:
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+
+    def deliver(self, deliveries: Sequence[Delivery]) -> None:
+        # A pass of the engine mostly sends runs of messages to one inbox (a backlog, a redelivery
+        # chunk): each run is framed and written in one broker call.
+        publish_many = self._broker.publish_many
+        msg = pb.MsgProto
+        inbox = ""
+        run: list[bytes] = []
+        for d in deliveries:
+            if d.inbox != inbox:
+                if run:
+                    publish_many(inbox, run)
+                    run = []
+                inbox = d.inbox
+            m = d.message
+            run.append(
+                msg(
+                    sequence=m.seq,
+                    subject=m.subject,
+                    reply=m.reply,
+                    data=m.data,
+                    timestamp=m.timestamp_unix_ns,
+                    redelivered=d.attempt > 1,
+                    redeliveryCount=d.attempt - 1,
+                ).SerializeToString()
+            )
+        if run:
+            publish_many(inbox, run)
+
+    def published(self, publishes: Sequence[Publish], errors: dict[int, Exception]) -> None:
+        acks: dict[str, list[bytes]] = {}  # per ack inbox (one per client), in order
+        pub_ack = pb.PubAck()  # one message re-filled per publish: half the cost of a new one each
+        for p in publishes:
+            if p.ack_to:
+                pub_ack.guid = p.guid
+                error = errors.get(id(p)) if errors else None
+                pub_ack.error = "" if error is None else error_text(error)
+                ack = pub_ack.SerializeToString()
+                subject_acks = acks.get(p.ack_to)
+                if subject_acks is None:
+                    acks[p.ack_to] = [ack]
+                else:
+                    subject_acks.append(ack)
+        for subject, payloads in acks.items():
+            self._broker.publish_many(subject, payloads)
+
+    def holding(self) -> AbstractContextManager[None]:
+        return self._broker.holding_writes()
+
+    async def wait_reachable(self, inboxes: list[str]) -> None:
+        await self._broker.wait_interest(inboxes)

@@ -1,0 +1,40 @@
+"""A front door for tests of the core: records what the core sends, when, and what it acknowledges."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+
+from streaming.core.engine import Delivery
+from streaming.core.outbound import Publish
+
+
+class RecordingDoor:
+    """An `Outbound` port: `sent` holds (clock time, delivery), `acks` (guid, error text or "")."""
+
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self._clock = clock
+        self.sent: list[tuple[float, Delivery]] = []
+        self.acks: list[tuple[str, str]] = []
+
+    def now(self) -> float:
+        if self._clock is not None:
+            return self._clock()
+        import trio
+
+        return trio.current_time()
+
+    def deliver(self, deliveries: Sequence[Delivery]) -> None:
+        now = self.now()
+        self.sent += [(now, d) for d in deliveries]
+
+    def published(self, publishes: Sequence[Publish], errors: dict[int, Exception]) -> None:
+        for p in publishes:
+            error = errors.get(id(p))
+            self.acks.append((p.guid, "" if error is None else str(error)))
+
+    def holding(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    async def wait_reachable(self, inboxes: list[str]) -> None:
+        return None

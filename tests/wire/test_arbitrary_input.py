@@ -1,0 +1,87 @@
+"""Both parsers take any bytes, split anywhere: the NATS core parser (either side) and the STAN request
+decoding. Bad input is the peer's protocol error, never another exception, never a hang."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streaming.stan.requests import (
+    InvalidRequest,
+    parse_close,
+    parse_connect,
+    parse_publish,
+    parse_subscribe,
+    parse_unsubscribe,
+)
+from streaming.wire import nats as p
+from streaming.wire.stan_pb import protocol_pb2 as pb
+
+# Raw bytes, and bytes that look like the protocol (real verbs, CRLFs, sizes) so the parser gets past
+# its first line more often than random bytes would let it.
+TOKENS = [b"PUB ", b"SUB ", b"UNSUB ", b"MSG ", b"CONNECT ", b"INFO ", b"PING", b"PONG", b"+OK", b"-ERR ", b"HPUB "]
+TOKENS += [b"\r\n", b" ", b"foo", b"foo.bar", b"_INBOX.x", b"1", b"5", b"12", b"-1", b"99999999999", b"{}", b"hello"]
+protocolish = st.lists(st.one_of(st.sampled_from(TOKENS), st.binary(max_size=8)), max_size=40).map(b"".join)
+inputs = st.one_of(st.binary(max_size=400), protocolish)
+
+
+def parse_all(conn: p.ServerConnection | p.ClientConnection, data: bytes, cuts: list[int]) -> None:
+    """Feed `data` in the pieces `cuts` makes, taking every event after each; a bounded number of
+    events per piece proves that no input makes the parser spin."""
+    bounds = [0, *sorted({c % (len(data) + 1) for c in cuts}), len(data)]
+    for start, end in itertools.pairwise(bounds):
+        conn.receive_data(data[start:end])
+        for _ in range(len(data) + 2):
+            if conn.next_event() is p.NEED_DATA:
+                break
+        else:
+            raise AssertionError("the parser kept producing events without input")
+
+
+@pytest.mark.parametrize("side", [p.ServerConnection, p.ClientConnection])
+@settings(max_examples=300, deadline=None)
+@given(data=inputs, cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=10))
+def test_nats_parser_takes_any_bytes_split_anywhere(
+    side: Callable[[], p.ServerConnection | p.ClientConnection], data: bytes, cuts: list[int]
+) -> None:
+    conn = side()
+    with contextlib.suppress(p.RemoteProtocolError):  # the peer broke the rules: -ERR, and it is closed
+        parse_all(conn, data, cuts)
+
+
+PARSERS: list[Callable[[bytes], object]] = [
+    parse_connect,
+    parse_publish,
+    lambda payload: parse_subscribe(payload, "_STAN.ack.x"),
+    lambda payload: parse_subscribe(payload, "_STAN.ack.x", ms_mode=True),
+    parse_unsubscribe,
+    parse_close,
+]
+# Valid messages of every request type, so that mutations of them reach the field checks.
+VALID = [
+    pb.ConnectRequest(clientID="me", heartbeatInbox="_HB.me").SerializeToString(),
+    pb.PubMsg(clientID="me", guid="g", subject="foo", data=b"x").SerializeToString(),
+    pb.SubscriptionRequest(
+        clientID="me", subject="foo", inbox="_INBOX.1", maxInFlight=1, ackWaitInSecs=1
+    ).SerializeToString(),
+    pb.UnsubscribeRequest(clientID="me", subject="foo", inbox="_STAN.ack.x").SerializeToString(),
+    pb.CloseRequest(clientID="me").SerializeToString(),
+]
+mutated = st.tuples(st.sampled_from(VALID), st.integers(0, 200), st.binary(max_size=6)).map(
+    lambda t: t[0][: t[1]] + t[2] + t[0][t[1] + len(t[2]) :]
+)
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+@settings(max_examples=300, deadline=None)
+@given(payload=st.one_of(st.binary(max_size=200), mutated))
+def test_stan_requests_take_any_bytes(parse: Callable[[bytes], object], payload: bytes) -> None:
+    try:
+        parse(payload)
+    except InvalidRequest as exc:
+        assert str(exc), "a refusal names the problem"
