@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
+from operator import attrgetter
 from typing import Protocol
 
 import attrs
@@ -54,6 +55,9 @@ class Outbound(PublishOrigin, Protocol):
         """Return once every inbox can be delivered to (its client is back after a restart)."""
 
 
+_origin = attrgetter("origin")
+
+
 class Doors:
     """Every front door's port, as one `Outbound` for the core."""
 
@@ -92,10 +96,11 @@ class Doors:
             port.deliver(run)
 
     def published(self, publishes: Sequence[Publish], errors: dict[int, Exception]) -> None:
-        first = publishes[0].origin if publishes else None
-        if all(p.origin is first for p in publishes):
-            if first is not None:
-                first.published(publishes, errors)
+        origins = set(map(_origin, publishes))  # in C: a batch may hold thousands
+        if len(origins) == 1:
+            (only,) = origins
+            if only is not None:
+                only.published(publishes, errors)
             return
         by_origin: dict[int, tuple[PublishOrigin, list[Publish]]] = {}
         for p in publishes:
@@ -104,12 +109,13 @@ class Doors:
         for origin, run in by_origin.values():
             origin.published(run, errors)
 
+    def holding(self) -> AbstractContextManager[None]:
+        if len(self._ports) == 1:  # one door: its own hold, with nothing wrapped around it
+            return self._ports[0].holding()
+        return self._holding_all()
+
     @contextmanager
-    def holding(self) -> Iterator[None]:
-        if len(self._ports) == 1:
-            with self._ports[0].holding():
-                yield
-            return
+    def _holding_all(self) -> Iterator[None]:
         with ExitStack() as stack:
             for port in self._ports:
                 stack.enter_context(port.holding())

@@ -78,6 +78,8 @@ class Pipeline:
         """Carry out everything the engine queued: deliveries go out, dead letters and state updates
         are queued for the writer, timers are re-armed. Never blocks."""
         self._deferring = False
+        if not self.engine.has_effects():  # most input spans and many commits leave nothing to do
+            return
         effects = self.engine.take_effects()
         if effects.deliveries:
             self.outbound.deliver(effects.deliveries)
@@ -133,7 +135,8 @@ class Pipeline:
 
     def ack(self, sub_id: int, seq: int) -> bool:
         acked = self.engine.ack(sub_id, seq, self.clock())
-        self._changed()
+        if not self._deferring:  # the hot path: inlined `_changed`
+            self.settle()
         return acked
 
     def ack_progress(self, sub_id: int, seq: int) -> bool:

@@ -47,7 +47,7 @@ class Clients:
         self._broker = broker
         self._core = core
         self._by_id: dict[str, Client] = {}
-        self._by_conn_id: dict[bytes, str] = {}
+        self.by_conn_id: dict[bytes, str] = {}  # read it, never write it (publishes look here)
         self._by_hb_inbox: dict[str, Client] = {}
         self._reply_prefix = f"_STAN.srv.{config.cluster_id}.{nuid()}"
         self._replies: dict[str, trio.MemorySendChannel[bytes]] = {}
@@ -78,13 +78,10 @@ class Clients:
     def __contains__(self, client_id: str) -> bool:
         return client_id in self._by_id
 
-    def by_conn_id(self, conn_id: bytes) -> str | None:
-        return self._by_conn_id.get(conn_id)
-
     def _add(self, record: ClientRecord) -> Client:
         client = self._by_id[record.client_id] = self._by_hb_inbox[record.hb_inbox] = Client(record)
         if record.conn_id:
-            self._by_conn_id[record.conn_id] = record.client_id
+            self.by_conn_id[record.conn_id] = record.client_id
         return client
 
     async def register(self, record: ClientRecord) -> str:
@@ -123,7 +120,7 @@ class Clients:
         if self._by_id.get(client_id) is not client:
             return
         del self._by_id[client_id]
-        self._by_conn_id.pop(client.record.conn_id, None)
+        self.by_conn_id.pop(client.record.conn_id, None)
         if self._by_hb_inbox.get(client.record.hb_inbox) is client:
             del self._by_hb_inbox[client.record.hb_inbox]
         client.scope.cancel()
@@ -204,7 +201,7 @@ class Clients:
             ping = pb.Ping.FromString(payload)
         except Exception:
             return errors.CLIENT_REPLACED
-        client_id = self._by_conn_id.get(bytes(ping.connID))
+        client_id = self.by_conn_id.get(bytes(ping.connID))
         client = self._by_id.get(client_id) if client_id is not None else None
         if client is None:
             return errors.CLIENT_REPLACED

@@ -28,8 +28,11 @@ import trio
 
 from storage import ChannelError, ClientRecord, StoreError, StoreFullError
 from streaming.core import errors
+from streaming.core.engine import Engine
 from streaming.core.errors import RequestError
+from streaming.core.group_commit import GroupCommit
 from streaming.core.outbound import Publish
+from streaming.core.pipeline import Pipeline
 from streaming.core.runtime import call_store
 from streaming.core.service import Core
 from streaming.stan.broker import Broker
@@ -78,9 +81,14 @@ class StanServer:
         self.ack_prefix = f"_STAN.ack.{cid}"
         self.refused: collections.Counter[str] = collections.Counter()  # refused requests by kind
         self._nursery: trio.Nursery | None = None
+        self._pipeline: Pipeline
+        self._engine: Engine
+        self._group_commit: GroupCommit
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Answer STAN requests until cancelled (start it after the core's `run`)."""
+        # The hot paths' lookups, once.
+        self._pipeline, self._engine, self._group_commit = self.core.pipeline, self.core.engine, self.core.group_commit
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await nursery.start(self.clients.run)
@@ -187,23 +195,19 @@ class StanServer:
         except InvalidRequest as exc:
             self._respond(reply, pb.PubAck(guid=exc.guid, error=str(exc)))
             return None
-        if message.connID:
-            known = self.clients.by_conn_id(message.connID) is not None
-        else:
-            known = message.clientID in self.clients
-        if not known:
+        if not (message.connID in self.clients.by_conn_id if message.connID else message.clientID in self.clients):
             self._respond(reply, pb.PubAck(guid=message.guid, error=errors.INVALID_PUBLISH))
             return None
-        if message.subject in self.core.pipeline.deleting:
+        if message.subject in self._pipeline.deleting:
             self._respond(reply, pb.PubAck(guid=message.guid, error=errors.CHANNEL_BEING_DELETED))
             return None
-        return self.core.publish(
-            Publish(message.subject, message.data, message.reply, message.guid, reply, self.outbound)
-        )
+        commit = self._group_commit
+        commit.submit(Publish(message.subject, message.data, message.reply, message.guid, reply, self.outbound))
+        return None if commit.has_room() else commit.wait_room()  # a full queue: back-pressure
 
     def _on_ack(self, subject: str, reply: str, payload: bytes) -> None:
-        pipeline = self.core.pipeline
-        sub_id = pipeline.engine.sub_for_ack_inbox(subject)
+        pipeline = self._pipeline
+        sub_id = self._engine.sub_for_ack_inbox(subject)
         if sub_id is None:
             return
         try:

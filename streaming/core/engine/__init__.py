@@ -1,9 +1,14 @@
 """The delivery engine (sans-IO): what to send when, to whom, and what to remember.
 
 It imports no Trio, no LMDB and no metrics code (import-linter checks this); time comes in as `now`.
+
+- `engine`: the rules (subscribe, deliver, ack, redeliver, leave) and the effects they leave;
+- `state`: what it holds per subscription and client; `pending`: one subscription's unacked messages;
+- `groups`: queue groups and who gets the next message; `reader`: where message bodies come from;
+- `recovery`: rebuilding it after a restart; `events`: what it tells observers (metrics, event log).
 """
 
-from streaming.core.engine.engine import Effects, Engine, SubscribeRequest, SubscriptionView, dead_letter_payload
+from streaming.core.engine.engine import Effects, Engine, dead_letter_payload
 from streaming.core.engine.events import (
     Acked,
     AckTimedOut,
@@ -22,6 +27,7 @@ from streaming.core.engine.events import (
     SubscriptionCreated,
     SubscriptionRemoved,
 )
+from streaming.core.engine.state import SubscribeRequest, SubscriptionView
 from streaming.core.errors import RequestError
 
 __all__ = [

@@ -38,7 +38,6 @@ from storage.records import (
     SetLastSent,
     SetPending,
     StartPosition,
-    SubOptions,
     SubscriptionRecord,
     SubUpdate,
 )
@@ -56,13 +55,13 @@ from streaming.core.engine.events import (
     MemberLeft,
     Observer,
     Reason,
-    SubRef,
     SubscriptionClosed,
     SubscriptionCreated,
     SubscriptionRemoved,
 )
-from streaming.core.engine.pending import PendingSet
+from streaming.core.engine.groups import Group, group_key
 from streaming.core.engine.reader import MessageReader
+from streaming.core.engine.state import Client, Sub, SubscribeRequest, SubscriptionView, ref
 from streaming.core.errors import RequestError
 
 READ_BATCH = 256
@@ -82,100 +81,16 @@ class Effects:
         return bool(self.deliveries or self.dead_letters or self.updates or self.timer_changes)
 
 
-@attrs.frozen(slots=True)
-class SubscribeRequest:
-    client_id: str
-    channel: str
-    inbox: str
-    ack_inbox: str
-    ack_wait_ms: int
-    max_inflight: int
-    durable_name: str = ""
-    queue_group: str = ""
-    start_position: StartPosition = StartPosition.NEW_ONLY
-    start_sequence: int = 0
-    start_time_delta_ns: int = 0
-    options: SubOptions = attrs.field(factory=SubOptions)
-
-    def __attrs_post_init__(self) -> None:
-        if self.ack_wait_ms <= 0 or self.max_inflight <= 0:
-            raise ValueError("ack_wait_ms and max_inflight must be positive (the protocol layer checks this)")
-
-
-class _Sub:
-    """One subscription: plain, durable, queue member, or the offline shadow of a durable group."""
-
-    __slots__ = ("group", "last_sent", "online", "pending", "record", "ref")
-
-    def __init__(self, record: SubscriptionRecord, group: _Group | None, online: bool) -> None:
-        self.record = record
-        self.group = group
-        self.online = online
-        self.last_sent = record.last_sent
-        self.pending = PendingSet()
-        self.ref = _ref(record)
-
-    def delay(self, attempt: int) -> float:
-        backoff = self.record.options.backoff_ms
-        if backoff:
-            return backoff[min(attempt, len(backoff)) - 1] / 1000
-        return self.record.ack_wait_ms / 1000
-
-    @property
-    def stalled(self) -> bool:
-        return len(self.pending) >= self.record.max_inflight
-
-
-@attrs.frozen
-class SubscriptionView:
-    """A read-only snapshot of one subscription for monitoring."""
-
-    record: SubscriptionRecord  # last_sent is the current position (the group's, for queue members)
-    online: bool
-    pending_count: int  # unacknowledged messages, sent or waiting to be redelivered
-    stalled: bool  # at MaxInflight: nothing new goes out until something is acked
-
-
-class _Group:
-    """A queue group: members share one position; `shadow` keeps an empty durable group's state."""
-
-    __slots__ = ("channel", "durable", "last_sent", "members", "name", "shadow")
-
-    def __init__(self, channel: str, name: str, durable: bool, last_sent: int) -> None:
-        self.channel = channel
-        self.name = name
-        self.durable = durable
-        self.last_sent = last_sent
-        self.members: list[_Sub] = []
-        self.shadow: _Sub | None = None
-
-
-class _Client:
-    __slots__ = ("hb_failed", "subs")
-
-    def __init__(self) -> None:
-        self.hb_failed = False
-        self.subs: set[int] = set()
-
-
-def _ref(record: SubscriptionRecord) -> SubRef:
-    return SubRef(record.channel, record.sub_id, record.client_id, record.durable_name, record.queue_group)
-
-
-def _group_key(request_durable: str, queue_group: str) -> str:
-    return f"{request_durable}:{queue_group}" if request_durable else queue_group
-
-
 class Engine:
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._subs: dict[int, _Sub] = {}
+        self._subs: dict[int, Sub] = {}
         self._by_ack_inbox: dict[str, int] = {}
-        self._plain: dict[str, dict[int, _Sub]] = {}  # channel -> online non-queue subscriptions
-        self._groups: dict[str, dict[str, _Group]] = {}  # channel -> group key -> group
-        self._durables: dict[tuple[str, str, str], _Sub] = {}  # (client, channel, durable name)
-        self._by_channel: dict[str, dict[int, _Sub]] = {}  # every subscription, online or not (max_subs)
-        self._clients: dict[str, _Client] = {}
+        self._plain: dict[str, dict[int, Sub]] = {}  # channel -> online non-queue subscriptions
+        self._groups: dict[str, dict[str, Group]] = {}  # channel -> group key -> group
+        self._durables: dict[tuple[str, str, str], Sub] = {}  # (client, channel, durable name)
+        self._by_channel: dict[str, dict[int, Sub]] = {}  # every subscription, online or not (max_subs)
+        self._clients: dict[str, Client] = {}
         self._reader = MessageReader(store)
         self._last_seq: dict[str, int] = {}  # channel -> last stored sequence (kept by on_appended)
         self._idle_since: dict[str, float] = {}  # channel -> last publish, or when its last active sub left
@@ -189,6 +104,9 @@ class Engine:
 
     def add_observer(self, observer: Observer) -> None:
         self._observers.append(observer)
+
+    def has_effects(self) -> bool:
+        return bool(self._deliveries or self._dead or self._updates or self._timers)
 
     def take_effects(self) -> Effects:
         """Everything queued since the last call, in one record (see the module docstring)."""
@@ -243,13 +161,13 @@ class Engine:
     def is_online(self, sub_id: int) -> bool:
         return self._subs[sub_id].online
 
-    def _position(self, sub: _Sub) -> int:
+    def _position(self, sub: Sub) -> int:
         return sub.group.last_sent if sub.group is not None else sub.last_sent
 
     # -- clients -------------------------------------------------------------------------------
 
     def add_client(self, client_id: str) -> None:
-        self._clients.setdefault(client_id, _Client())
+        self._clients.setdefault(client_id, Client())
 
     def has_client(self, client_id: str) -> bool:
         return client_id in self._clients
@@ -275,7 +193,7 @@ class Engine:
                 if sub is not None and sub.online:
                     self._pump_sub(sub, now)
 
-    def _hb_failed(self, sub: _Sub) -> bool:
+    def _hb_failed(self, sub: Sub) -> bool:
         client = self._clients.get(sub.record.client_id)
         return client is not None and client.hb_failed
 
@@ -315,7 +233,7 @@ class Engine:
         if not request.durable_name:
             return False
         if request.queue_group:
-            group = self._groups.get(request.channel, {}).get(_group_key(request.durable_name, request.queue_group))
+            group = self._groups.get(request.channel, {}).get(group_key(request.durable_name, request.queue_group))
             return group is None
         return (request.client_id, request.channel, request.durable_name) not in self._durables
 
@@ -324,7 +242,7 @@ class Engine:
         if max_subs > 0 and len(self._by_channel.get(channel, ())) >= max_subs:
             raise RequestError(errors.TOO_MANY_SUBS)
 
-    def _new_sub(self, request: SubscribeRequest, last_sent: int, group: _Group | None) -> _Sub:
+    def _new_sub(self, request: SubscribeRequest, last_sent: int, group: Group | None) -> Sub:
         record = SubscriptionRecord(
             sub_id=self.store.new_subscription_id(),
             channel=request.channel,
@@ -342,12 +260,12 @@ class Engine:
             is_durable=bool(request.durable_name),
             options=request.options,
         )
-        sub = _Sub(record, group, online=True)
+        sub = Sub(record, group, online=True)
         self._add(sub)
         self._emit_if(SubscriptionCreated(sub.ref, resumed=False))
         return sub
 
-    def _durable(self, request: SubscribeRequest, now: float, wall_unix_ns: int) -> _Sub:
+    def _durable(self, request: SubscribeRequest, now: float, wall_unix_ns: int) -> Sub:
         key = (request.client_id, request.channel, request.durable_name)
         sub = self._durables.get(key)
         if sub is not None and sub.online:
@@ -361,7 +279,7 @@ class Engine:
         self._resume(sub, request)
         return sub
 
-    def _resume(self, sub: _Sub, request: SubscribeRequest) -> None:
+    def _resume(self, sub: Sub, request: SubscribeRequest) -> None:
         self._by_ack_inbox.pop(sub.record.ack_inbox, None)
         sub.record = attrs.evolve(
             sub.record,
@@ -373,13 +291,13 @@ class Engine:
             options=request.options,
             is_closed=False,
         )
-        sub.ref = _ref(sub.record)
+        sub.ref = ref(sub.record)
         sub.online = True
         sub.pending.make_all_due(Reason.RESUME)
         self._emit_if(SubscriptionCreated(sub.ref, resumed=True))
 
-    def _join_group(self, request: SubscribeRequest, now: float, wall_unix_ns: int) -> _Sub:
-        key = _group_key(request.durable_name, request.queue_group)
+    def _join_group(self, request: SubscribeRequest, now: float, wall_unix_ns: int) -> Sub:
+        key = group_key(request.durable_name, request.queue_group)
         groups = self._groups.setdefault(request.channel, {})
         group = groups.get(key)
         if group is not None and group.shadow is not None:
@@ -389,7 +307,7 @@ class Engine:
         else:
             self._check_room(request.channel)
             if group is None:
-                group = groups[key] = _Group(
+                group = groups[key] = Group(
                     request.channel, key, bool(request.durable_name), self._start_after(request, wall_unix_ns)
                 )
             sub = self._new_sub(request, group.last_sent, group)
@@ -430,7 +348,7 @@ class Engine:
             raise RequestError(errors.INVALID_SUBSCRIPTION)
         self._leave(sub, now, keep_durable=True)
 
-    def _leave(self, sub: _Sub, now: float, *, keep_durable: bool) -> None:
+    def _leave(self, sub: Sub, now: float, *, keep_durable: bool) -> None:
         record = sub.record
         self._idle_since[record.channel] = now  # the inactivity clock counts from the last one leaving
         self._by_ack_inbox.pop(record.ack_inbox, None)
@@ -460,17 +378,17 @@ class Engine:
             del self._groups[record.channel][group.name]
             self._delete(sub)
 
-    def _add(self, sub: _Sub) -> None:
+    def _add(self, sub: Sub) -> None:
         self._subs[sub.record.sub_id] = sub
         self._by_channel.setdefault(sub.record.channel, {})[sub.record.sub_id] = sub
 
-    def _go_offline(self, sub: _Sub) -> None:
+    def _go_offline(self, sub: Sub) -> None:
         sub.online = False
         sub.record = attrs.evolve(sub.record, is_closed=True)
         self._updates.append(SaveSubscription(attrs.evolve(sub.record, last_sent=self._position(sub))))
         self._emit_if(SubscriptionClosed(sub.ref))
 
-    def _delete(self, sub: _Sub) -> None:
+    def _delete(self, sub: Sub) -> None:
         record = sub.record
         del self._subs[record.sub_id]
         del self._by_channel[record.channel][record.sub_id]
@@ -479,7 +397,7 @@ class Engine:
         self._updates.append(DeleteSubscription(record.sub_id))
         self._emit_if(SubscriptionRemoved(sub.ref))
 
-    def _hand_over(self, leaving: _Sub, group: _Group, now: float) -> int:
+    def _hand_over(self, leaving: Sub, group: Group, now: float) -> int:
         """A leaving member's pending messages go round-robin to the others, due at once."""
         order = [(seq, leaving.pending.attempt(seq)) for seq in leaving.pending]  # due first, then by deadline
         self._distribute(group, order, Reason.MEMBER_LEFT)
@@ -488,13 +406,13 @@ class Engine:
         self._pump_group(group, now)
         return len(order)
 
-    def _distribute(self, group: _Group, messages: list[tuple[int, int]], reason: Reason) -> None:
+    def _distribute(self, group: Group, messages: list[tuple[int, int]], reason: Reason) -> None:
         """Hand (seq, attempt) pairs round-robin to the group's members, due at once and persisted."""
         targets = group.members
         for i, (seq, attempt) in enumerate(messages):
             self._give(targets[i % len(targets)], seq, attempt, reason)
 
-    def _give(self, target: _Sub, seq: int, attempt: int, reason: Reason) -> None:
+    def _give(self, target: Sub, seq: int, attempt: int, reason: Reason) -> None:
         """Make `seq` pending on `target`, due at once. Persisted now: the target may not be able to
         send it yet (full, or failing heartbeats), and a restart must still find it there."""
         target.pending.add_due(seq, attempt, reason)
@@ -508,7 +426,7 @@ class Engine:
         sub = self._subs.get(sub_id)
         if sub is None:
             return False
-        owner: _Sub | None = sub
+        owner: Sub | None = sub
         removed = sub.pending.remove(seq)
         if removed is None:
             owner = self._owner(sub, seq)  # another member of its queue group may hold it
@@ -535,7 +453,7 @@ class Engine:
         self._timers.add(owner.record.sub_id)
         return True
 
-    def _owner(self, sub: _Sub, seq: int) -> _Sub | None:
+    def _owner(self, sub: Sub, seq: int) -> Sub | None:
         """Who has `seq` pending: the subscription, or for a queue member any member (PR #654)."""
         if seq in sub.pending:
             return sub
@@ -582,7 +500,7 @@ class Engine:
             if gone:
                 self._timers.add(sub.record.sub_id)
 
-    def _forget(self, sub: _Sub, seq: int) -> None:
+    def _forget(self, sub: Sub, seq: int) -> None:
         sub.pending.remove(seq)
         self._updates.append(ClearPending(sub.record.sub_id, seq))
 
@@ -627,7 +545,7 @@ class Engine:
 
     # -- delivery ------------------------------------------------------------------------------
 
-    def _pump_sub(self, sub: _Sub, now: float) -> None:
+    def _pump_sub(self, sub: Sub, now: float) -> None:
         if sub.group is not None:
             self._pump_group(sub.group, now)
             return
@@ -636,7 +554,7 @@ class Engine:
         if not sub.pending.due_count:
             self._send_new(sub, now)
 
-    def _drain_due(self, sub: _Sub, now: float) -> None:
+    def _drain_due(self, sub: Sub, now: float) -> None:
         """Redeliver what is due, in order; forced past MaxInflight unless the option says otherwise."""
         limit_redeliveries = sub.record.options.max_inflight_redeliveries
         while (item := sub.pending.peek_due()) is not None:
@@ -662,7 +580,7 @@ class Engine:
             last = self._last_seq[channel] = info.last_seq if info is not None else 0
         return last
 
-    def _send_new(self, sub: _Sub, now: float) -> None:
+    def _send_new(self, sub: Sub, now: float) -> None:
         if sub.last_sent >= self._channel_last(sub.record.channel) or sub.stalled:
             return  # the common case after an ack: nothing new (no store lookup)
         info = self.store.channel_info(sub.record.channel)
@@ -681,7 +599,7 @@ class Engine:
         if sub.last_sent != start:
             self._updates.append(SetLastSent(sub.record.sub_id, sub.last_sent))
 
-    def _pump_group(self, group: _Group, now: float) -> None:
+    def _pump_group(self, group: Group, now: float) -> None:
         blocked = False
         for each in group.members:
             if each.pending.due_count and not self._hb_failed(each):
@@ -693,8 +611,8 @@ class Engine:
         info = self.store.channel_info(group.channel)
         if info is None:
             return
-        receivers: dict[int, _Sub] = {}
-        member: _Sub | None
+        receivers: dict[int, Sub] = {}
+        member: Sub | None
         while group.last_sent < info.last_seq:
             member = self._pick(group, for_new=True)
             if member is None:
@@ -722,26 +640,10 @@ class Engine:
             receiver.last_sent = group.last_sent
             self._updates.append(SetLastSent(sub_id, group.last_sent))
 
-    def _pick(self, group: _Group, *, for_new: bool) -> _Sub | None:
-        """The member with the fewest pending messages that is not failing heartbeats (and, for a new
-        message, not stalled and with nothing due); ties rotate round-robin."""
-        best: _Sub | None = None
-        for member in group.members:
-            if self._hb_failed(member):
-                continue
-            if for_new and (member.stalled or member.pending.due_count):
-                continue
-            if best is None or len(member.pending) < len(best.pending):
-                best = member
-        if best is None:
-            if for_new:
-                return None
-            best = group.members[0]
-        if best is group.members[0] and len(group.members) > 1:
-            group.members.append(group.members.pop(0))
-        return best
+    def _pick(self, group: Group, *, for_new: bool) -> Sub | None:
+        return group.pick(for_new=for_new, skip=self._hb_failed)
 
-    def _send(self, sub: _Sub, message: Message, attempt: int, reason: Reason, now: float) -> None:
+    def _send(self, sub: Sub, message: Message, attempt: int, reason: Reason, now: float) -> None:
         delay = sub.delay(attempt)
         if attempt == 1:
             sub.pending.sent_first(message.seq, delay, now + delay)
@@ -754,7 +656,7 @@ class Engine:
         if self._observers:
             self._emit(Delivered(sub.ref, message.seq, attempt, reason, delay))
 
-    def _dead_letter(self, sub: _Sub, message: Message, attempts: int) -> None:
+    def _dead_letter(self, sub: Sub, message: Message, attempts: int) -> None:
         record = sub.record
         target = record.options.dead_letter_channel or f"{record.channel}.dead"
         self._forget(sub, message.seq)

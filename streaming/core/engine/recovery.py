@@ -12,8 +12,10 @@ from __future__ import annotations
 import attrs
 
 from storage.records import DeleteSubscription, RecoveredState, SetPending, SubscriptionRecord
-from streaming.core.engine.engine import Engine, _Group, _group_key, _Sub
+from streaming.core.engine.engine import Engine
 from streaming.core.engine.events import Reason
+from streaming.core.engine.groups import Group, group_key
+from streaming.core.engine.state import Sub
 
 
 def rebuild(engine: Engine, state: RecoveredState) -> Engine:
@@ -39,7 +41,7 @@ def rebuild(engine: Engine, state: RecoveredState) -> Engine:
         if record.channel not in channels:
             engine._updates.append(DeleteSubscription(record.sub_id))
         elif record.queue_group:
-            key = _group_key(record.durable_name, record.queue_group)
+            key = group_key(record.durable_name, record.queue_group)
             if is_online:
                 _restore(engine, record, pending, _restore_group(engine, record, key), online=True)
             elif record.is_durable:
@@ -59,11 +61,11 @@ def rebuild(engine: Engine, state: RecoveredState) -> Engine:
     return engine
 
 
-def _restore_group(engine: Engine, record: SubscriptionRecord, key: str) -> _Group:
+def _restore_group(engine: Engine, record: SubscriptionRecord, key: str) -> Group:
     groups = engine._groups.setdefault(record.channel, {})
     group = groups.get(key)
     if group is None:
-        group = groups[key] = _Group(record.channel, key, record.is_durable, record.last_sent)
+        group = groups[key] = Group(record.channel, key, record.is_durable, record.last_sent)
     group.last_sent = max(group.last_sent, record.last_sent)
     return group
 
@@ -94,10 +96,10 @@ def _restore_shadow(
 
 
 def _restore(
-    engine: Engine, record: SubscriptionRecord, pending: dict[int, int], group: _Group | None, *, online: bool
-) -> _Sub:
+    engine: Engine, record: SubscriptionRecord, pending: dict[int, int], group: Group | None, *, online: bool
+) -> Sub:
     record = attrs.evolve(record, is_closed=not online)
-    sub = _Sub(record, group, online)
+    sub = Sub(record, group, online)
     for seq in sorted(pending):
         sub.pending.add_due(seq, pending[seq], Reason.RESTART)
     engine._add(sub)

@@ -1,0 +1,81 @@
+"""What the engine holds per subscription and client (sans-IO records, no behaviour but their own
+arithmetic), and the requests it is given."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+
+from storage.records import StartPosition, SubOptions, SubscriptionRecord
+from streaming.core.engine.events import SubRef
+from streaming.core.engine.pending import PendingSet
+
+if TYPE_CHECKING:
+    from streaming.core.engine.groups import Group
+
+
+@attrs.frozen(slots=True)
+class SubscribeRequest:
+    client_id: str
+    channel: str
+    inbox: str
+    ack_inbox: str
+    ack_wait_ms: int
+    max_inflight: int
+    durable_name: str = ""
+    queue_group: str = ""
+    start_position: StartPosition = StartPosition.NEW_ONLY
+    start_sequence: int = 0
+    start_time_delta_ns: int = 0
+    options: SubOptions = attrs.field(factory=SubOptions)
+
+    def __attrs_post_init__(self) -> None:
+        if self.ack_wait_ms <= 0 or self.max_inflight <= 0:
+            raise ValueError("ack_wait_ms and max_inflight must be positive (the protocol layer checks this)")
+
+
+class Sub:
+    """One subscription: plain, durable, queue member, or the offline shadow of a durable group."""
+
+    __slots__ = ("group", "last_sent", "online", "pending", "record", "ref")
+
+    def __init__(self, record: SubscriptionRecord, group: Group | None, online: bool) -> None:
+        self.record = record
+        self.group = group
+        self.online = online
+        self.last_sent = record.last_sent
+        self.pending = PendingSet()
+        self.ref = ref(record)
+
+    def delay(self, attempt: int) -> float:
+        backoff = self.record.options.backoff_ms
+        if backoff:
+            return backoff[min(attempt, len(backoff)) - 1] / 1000
+        return self.record.ack_wait_ms / 1000
+
+    @property
+    def stalled(self) -> bool:
+        return len(self.pending) >= self.record.max_inflight
+
+
+@attrs.frozen
+class SubscriptionView:
+    """A read-only snapshot of one subscription for monitoring."""
+
+    record: SubscriptionRecord  # last_sent is the current position (the group's, for queue members)
+    online: bool
+    pending_count: int  # unacknowledged messages, sent or waiting to be redelivered
+    stalled: bool  # at MaxInflight: nothing new goes out until something is acked
+
+
+class Client:
+    __slots__ = ("hb_failed", "subs")
+
+    def __init__(self) -> None:
+        self.hb_failed = False
+        self.subs: set[int] = set()
+
+
+def ref(record: SubscriptionRecord) -> SubRef:
+    return SubRef(record.channel, record.sub_id, record.client_id, record.durable_name, record.queue_group)
