@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import secrets
 import shlex
 import signal
 import sys
@@ -341,7 +342,8 @@ def client_main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "sub" and args.ack_progress and not (args.manual_ack and args.ack_delay > 0):
         parser.error("--ack_progress needs --manual_ack and an --ack_delay")
-    args.client_id = args.client_id or f"streaming-cli-{int(time.time() * 1000) % 10**9}"
+    # Random, not time-based: two commands started together must not take each other's ID.
+    args.client_id = args.client_id or f"streaming-cli-{secrets.token_hex(6)}"
     from streaming.client import ConnectionClosedError, StanError
 
     try:
