@@ -92,6 +92,7 @@ class Engine:
         self._by_channel: dict[str, dict[int, Sub]] = {}  # every subscription, online or not (max_subs)
         self._clients: dict[str, Client] = {}
         self._reader = MessageReader(store)
+        self._to_pump: dict[int, float] = {}  # subscriptions acks made room in -> the latest ack's now
         self._last_seq: dict[str, int] = {}  # channel -> last stored sequence (kept by on_appended)
         self._idle_since: dict[str, float] = {}  # channel -> last publish, or when its last active sub left
         self._deliveries: list[Delivery] = []
@@ -106,13 +107,23 @@ class Engine:
         self._observers.append(observer)
 
     def has_effects(self) -> bool:
-        return bool(self._deliveries or self._dead or self._updates or self._timers)
+        return bool(self._to_pump or self._deliveries or self._dead or self._updates or self._timers)
 
     def take_effects(self) -> Effects:
-        """Everything queued since the last call, in one record (see the module docstring)."""
+        """Everything queued since the last call, in one record (see the module docstring); first the
+        subscriptions acks made room in are filled."""
+        if self._to_pump:
+            self._pump_acked()
         effects = Effects(self._deliveries, self._dead, self._updates, self._timers)
         self._deliveries, self._dead, self._updates, self._timers = [], [], [], set()
         return effects
+
+    def _pump_acked(self) -> None:
+        to_pump, self._to_pump = self._to_pump, {}
+        for sub_id, now in to_pump.items():
+            sub = self._subs.get(sub_id)
+            if sub is not None and sub.online:
+                self._pump_sub(sub, now)
 
     def mark_timer(self, sub_id: int) -> None:
         """Have the runtime look at this subscription's deadline again."""
@@ -441,7 +452,9 @@ class Engine:
             self._emit(Acked(owner.ref, seq, attempt, now - delivered_at if delivered_at >= 0 else 0.0))
         self._timers.add(owner.record.sub_id)
         if owner.online:
-            self._pump_sub(owner, now)
+            # Filled at the next `take_effects`: a burst of acks read together costs one pump of the
+            # subscription (one store read, one position update), not one per ack.
+            self._to_pump[owner.record.sub_id] = now
         return True
 
     def ack_progress(self, sub_id: int, seq: int, now: float) -> bool:
