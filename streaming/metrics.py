@@ -9,13 +9,15 @@ all bounded by the server's limits. Client ids, inboxes and sequences go to the 
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Iterator
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
 from importlib import metadata
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, Info
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Info
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from streaming.core.engine import (
     Acked,
@@ -44,6 +46,54 @@ def version() -> str:
         return "unknown"
 
 
+class _Counts:
+    """A counter family kept as plain numbers by label values, turned into Prometheus's form only when
+    scraped: an update is a dict operation, not prometheus_client's lock and child lookup."""
+
+    __slots__ = ("doc", "labels", "name", "values")
+
+    def __init__(self, name: str, doc: str, labels: Sequence[str]) -> None:
+        self.name, self.doc, self.labels = name, doc, list(labels)
+        self.values: dict[tuple[str, ...], float] = {}
+
+    def add(self, key: tuple[str, ...], amount: float = 1) -> None:
+        values = self.values
+        values[key] = values.get(key, 0) + amount
+
+    def family(self) -> Metric:
+        family = CounterMetricFamily(self.name, self.doc, labels=self.labels)
+        for key, value in list(self.values.items()):
+            family.add_metric(list(key), value)
+        return family
+
+
+class _Buckets:
+    """A histogram family kept as plain bucket counts by label values (see `_Counts`)."""
+
+    __slots__ = ("bounds", "doc", "labels", "name", "rows")
+
+    def __init__(self, name: str, doc: str, labels: Sequence[str], bounds: Sequence[float]) -> None:
+        self.name, self.doc, self.labels, self.bounds = name, doc, list(labels), list(bounds)
+        self.rows: dict[tuple[str, ...], list[float]] = {}  # per bucket (le), then +Inf, then the sum
+
+    def observe(self, key: tuple[str, ...], value: float) -> None:
+        row = self.rows.get(key)
+        if row is None:
+            row = self.rows[key] = [0.0] * (len(self.bounds) + 2)
+        row[bisect_left(self.bounds, value)] += 1
+        row[-1] += value
+
+    def family(self) -> Metric:
+        family = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
+        for key, row in list(self.rows.items()):
+            buckets, total = [], 0.0
+            for bound, count in zip([*map(floatToGoString, self.bounds), "+Inf"], row[:-1], strict=True):
+                total += count
+                buckets.append((bound, total))
+            family.add_metric(list(key), buckets, row[-1])
+        return family
+
+
 class Metrics:
     """Owns a registry (one per server, so several servers in one test process do not clash)."""
 
@@ -54,56 +104,54 @@ class Metrics:
             {"version": version(), "python": platform.python_version()}
         )
         ProcessCollector(registry=r)
-        self.published_messages = Counter(
-            f"{PREFIX}_published_messages", "Messages stored by publishes", ["channel"], registry=r
-        )
-        self.published_bytes = Counter(
-            f"{PREFIX}_published_bytes", "Payload bytes stored by publishes", ["channel"], registry=r
-        )
-        self.deliveries = Counter(
+        self.published_messages = _Counts(f"{PREFIX}_published_messages", "Messages stored by publishes", ["channel"])
+        self.published_bytes = _Counts(f"{PREFIX}_published_bytes", "Payload bytes stored by publishes", ["channel"])
+        self.deliveries = _Counts(
             f"{PREFIX}_deliveries",
             "Messages sent to subscribers, by why they were sent",
             ["channel", "group", "reason"],
-            registry=r,
         )
-        self.acks = Counter(f"{PREFIX}_acks", "Acknowledgements applied", ["channel", "group"], registry=r)
-        self.ack_timeouts = Counter(
-            f"{PREFIX}_ack_timeouts",
-            "Deliveries whose AckWait expired unacknowledged",
-            ["channel", "group"],
-            registry=r,
+        self.acks = _Counts(f"{PREFIX}_acks", "Acknowledgements applied", ["channel", "group"])
+        self.ack_timeouts = _Counts(
+            f"{PREFIX}_ack_timeouts", "Deliveries whose AckWait expired unacknowledged", ["channel", "group"]
         )
-        self.dead_lettered = Counter(
-            f"{PREFIX}_dead_lettered", "Messages moved to a dead-letter channel", ["channel", "group"], registry=r
+        self.dead_lettered = _Counts(
+            f"{PREFIX}_dead_lettered", "Messages moved to a dead-letter channel", ["channel", "group"]
         )
-        self.member_changes = Counter(
-            f"{PREFIX}_queue_member_changes",
-            "Queue members joining and leaving",
-            ["channel", "group", "change"],
-            registry=r,
+        self.member_changes = _Counts(
+            f"{PREFIX}_queue_member_changes", "Queue members joining and leaving", ["channel", "group", "change"]
         )
-        self.ack_latency = Histogram(
+        self.ack_latency = _Buckets(
             f"{PREFIX}_ack_latency_seconds",
             "Time from a delivery to its acknowledgement",
             ["channel", "group"],
-            buckets=ACK_LATENCY_BUCKETS,
-            registry=r,
+            ACK_LATENCY_BUCKETS,
         )
-        self.attempts = Histogram(
+        self.attempts = _Buckets(
             f"{PREFIX}_delivery_attempt",
             "Attempt number of each delivery (1 = first)",
             ["channel", "group"],
-            buckets=ATTEMPT_BUCKETS,
-            registry=r,
+            ATTEMPT_BUCKETS,
         )
-        self.commit = Histogram(
+        self.commit = _Buckets(
             f"{PREFIX}_store_commit_duration_seconds",
             "Duration of one group commit (store append with its fsync)",
-            buckets=COMMIT_BUCKETS,
-            registry=r,
+            [],
+            COMMIT_BUCKETS,
         )
-        # Children by label values: `.labels()` costs a lock and a tuple build per call.
-        self._children: dict[tuple[object, ...], Callable[..., None]] = {}
+        self._families: list[_Counts | _Buckets] = [
+            self.published_messages,
+            self.published_bytes,
+            self.deliveries,
+            self.acks,
+            self.ack_timeouts,
+            self.dead_lettered,
+            self.member_changes,
+            self.ack_latency,
+            self.attempts,
+            self.commit,
+        ]
+        r.register(_Tallies(self._families))
 
     def attach(self, running: Running) -> None:
         """Add the scrape-time gauges of a started server."""
@@ -112,45 +160,44 @@ class Metrics:
     # -- group commit observer -------------------------------------------------------------------
 
     def on_published(self, channel: str, first_seq: int, count: int, nbytes: int) -> None:
-        self._inc(self.published_messages, (channel,), count)
-        self._inc(self.published_bytes, (channel,), nbytes)
+        key = (channel,)
+        self.published_messages.add(key, count)
+        self.published_bytes.add(key, nbytes)
 
     def on_commit(self, seconds: float, messages: int) -> None:
-        self.commit.observe(seconds)
+        self.commit.observe((), seconds)
 
-    # -- engine observer -------------------------------------------------------------------------
+    # -- engine observer (once or twice per message: plain dict updates) -------------------------
 
     def on_event(self, event: Event) -> None:
         if type(event) is Delivered:
-            labels = (event.sub.channel, event.sub.group)
-            self._inc(self.deliveries, (*labels, event.reason.value), 1)
-            self._observe(self.attempts, labels, event.attempt)
+            sub = event.sub
+            labels = (sub.channel, sub.group)
+            self.deliveries.add((sub.channel, sub.group, event.reason.value))
+            self.attempts.observe(labels, event.attempt)
         elif type(event) is Acked:
             labels = (event.sub.channel, event.sub.group)
-            self._inc(self.acks, labels, 1)
-            self._observe(self.ack_latency, labels, event.pending_s)
+            self.acks.add(labels)
+            self.ack_latency.observe(labels, event.pending_s)
         elif type(event) is AckTimedOut:
-            self._inc(self.ack_timeouts, (event.sub.channel, event.sub.group), 1)
+            self.ack_timeouts.add((event.sub.channel, event.sub.group))
         elif type(event) is DeadLettered:
-            self._inc(self.dead_lettered, (event.sub.channel, event.sub.group), 1)
+            self.dead_lettered.add((event.sub.channel, event.sub.group))
         elif type(event) is MemberJoined:
-            self._inc(self.member_changes, (event.sub.channel, event.sub.queue_group, "join"), 1)
+            self.member_changes.add((event.sub.channel, event.sub.queue_group, "join"))
         elif type(event) is MemberLeft:
-            self._inc(self.member_changes, (event.sub.channel, event.sub.queue_group, "leave"), 1)
+            self.member_changes.add((event.sub.channel, event.sub.queue_group, "leave"))
 
-    def _inc(self, counter: Counter, labels: tuple[str, ...], amount: float) -> None:
-        key = (id(counter), *labels)
-        inc = self._children.get(key)
-        if inc is None:
-            inc = self._children[key] = counter.labels(*labels).inc
-        inc(amount)
 
-    def _observe(self, histogram: Histogram, labels: tuple[str, ...], value: float) -> None:
-        key = (id(histogram), *labels)
-        observe = self._children.get(key)
-        if observe is None:
-            observe = self._children[key] = histogram.labels(*labels).observe
-        observe(value)
+class _Tallies(Collector):
+    """The counters and histograms `Metrics` keeps as plain numbers, in Prometheus's form."""
+
+    def __init__(self, families: list[_Counts | _Buckets]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.families:
+            yield family.family()
 
 
 class _StateCollector(Collector):
