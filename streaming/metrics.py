@@ -27,6 +27,7 @@ from streaming.core.engine import (
     Event,
     MemberJoined,
     MemberLeft,
+    Reason,
 )
 from streaming.running import Running
 from streaming.stan.broker import PROTOCOL_ERROR_KINDS
@@ -152,6 +153,7 @@ class Metrics:
             self.commit,
         ]
         r.register(_Tallies(self._families))
+        self._delivery_keys: dict[tuple[tuple[str, str], Reason], tuple[str, ...]] = {}  # bounded like the labels
 
     def attach(self, running: Running) -> None:
         """Add the scrape-time gauges of a started server."""
@@ -171,18 +173,20 @@ class Metrics:
 
     def on_event(self, event: Event) -> None:
         if type(event) is Delivered:
-            sub = event.sub
-            labels = (sub.channel, sub.group)
-            self.deliveries.add((sub.channel, sub.group, event.reason.value))
+            labels = event.sub.labels
+            key = self._delivery_keys.get((labels, event.reason))
+            if key is None:
+                key = self._delivery_keys[(labels, event.reason)] = (*labels, event.reason.value)
+            self.deliveries.add(key)
             self.attempts.observe(labels, event.attempt)
         elif type(event) is Acked:
-            labels = (event.sub.channel, event.sub.group)
+            labels = event.sub.labels
             self.acks.add(labels)
             self.ack_latency.observe(labels, event.pending_s)
         elif type(event) is AckTimedOut:
-            self.ack_timeouts.add((event.sub.channel, event.sub.group))
+            self.ack_timeouts.add(event.sub.labels)
         elif type(event) is DeadLettered:
-            self.dead_lettered.add((event.sub.channel, event.sub.group))
+            self.dead_lettered.add(event.sub.labels)
         elif type(event) is MemberJoined:
             self.member_changes.add((event.sub.channel, event.sub.queue_group, "join"))
         elif type(event) is MemberLeft:

@@ -67,11 +67,14 @@ class SubRef:
     client_id: str
     durable_name: str = ""
     queue_group: str = ""
+    # Computed once per subscription, read for every event of it.
+    group: str = attrs.field(init=False, eq=False, repr=False)  # the queue group, else the durable name
+    labels: tuple[str, str] = attrs.field(init=False, eq=False, repr=False)  # (channel, group) for metrics
 
-    @property
-    def group(self) -> str:
-        """The label metrics and the event log use: the queue group, else the durable name, else ""."""
-        return self.queue_group or self.durable_name
+    def __attrs_post_init__(self) -> None:
+        group = self.queue_group or self.durable_name
+        object.__setattr__(self, "group", group)
+        object.__setattr__(self, "labels", (self.channel, group))
 
 
 @attrs.define(slots=True)  # not frozen: one per message, and frozen classes cost twice as much
