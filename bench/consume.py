@@ -13,7 +13,9 @@ Every subscriber has its own connection, all in this process. Systems:
 - redis: XREADGROUP (COUNT up to 1024 minus what is unacked; a consumer group per subscriber, one group
   with four consumers for the queue), one XACK per message, sent in a pipeline per batch, redis-py.
 
-Figures are deliveries per second (acked). JSON keys: `<system>_<case>_msgs_per_s`,
+Figures are deliveries per second (acked), and the server process's CPU time per delivery over the
+consume phase (user + system, all its threads; psutil). JSON keys: `<system>_<case>_msgs_per_s`,
+`<system>_<case>_server_us_per_msg`,
 `ratio_<case>_vs_<peer>` and `ratio_vs_jetstream` (the 1-subscriber case; issue 4's target >= 1.0).
 """
 
@@ -29,6 +31,7 @@ from typing import Any, cast
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import psutil  # noqa: E402
 import trio  # noqa: E402
 from rich.console import Console  # noqa: E402
 
@@ -47,7 +50,7 @@ def expected(case: str, messages: int) -> int:
     return messages if queue else subscribers * messages
 
 
-async def _ours(port: int, case: str, messages: int) -> float:
+async def _ours(port: int, case: str, messages: int, cpu: ServerCpu) -> float:
     subscribers, queue = CASES[case]
     async with connect("test-cluster", "bench-pub", port=port) as sc:
         await publish_pipelined(sc, "consume", messages, PAYLOAD)
@@ -73,12 +76,14 @@ async def _ours(port: int, case: str, messages: int) -> float:
                 for scope in loops:
                     scope.cancel()
 
+    cpu.start()
     started = time.perf_counter()
     async with trio.open_nursery() as nursery:
         for i in range(subscribers):
             nursery.start_soon(member, i)
         await done.wait()
         elapsed = time.perf_counter() - started
+        cpu.stop()
     return total / elapsed
 
 
@@ -95,7 +100,7 @@ async def _until_done(
     return elapsed
 
 
-async def _jetstream(port: int, case: str, messages: int) -> float:
+async def _jetstream(port: int, case: str, messages: int, cpu: ServerCpu) -> float:
     import nats
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType
 
@@ -112,6 +117,7 @@ async def _jetstream(port: int, case: str, messages: int) -> float:
     def config() -> ConsumerConfig:  # a new one each time: nats-py fills in the one it is given
         return ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, max_ack_pending=1024, deliver_policy=DeliverPolicy.ALL)
 
+    cpu.start()
     started = time.perf_counter()
     queue_subs = []
     if queue:  # the members one after another, so that the group's consumer is made once
@@ -135,12 +141,13 @@ async def _jetstream(port: int, case: str, messages: int) -> float:
         done.set()
 
     elapsed = await _until_done(member, subscribers, done, started)
+    cpu.stop()
     for conn in [*conns, nc]:
         await conn.close()
     return total / elapsed
 
 
-async def _redis(port: int, case: str, messages: int) -> float:
+async def _redis(port: int, case: str, messages: int, cpu: ServerCpu) -> float:
     import redis.asyncio as aioredis
 
     subscribers, queue = CASES[case]
@@ -169,19 +176,44 @@ async def _redis(port: int, case: str, messages: int) -> float:
             received += len(entries)
         done.set()
 
+    cpu.start()
     elapsed = await _until_done(member, subscribers, done, time.perf_counter())
+    cpu.stop()
     for conn in [*conns, r]:
         await conn.aclose()
     return total / elapsed
 
 
-def run_case(system: str, case: str, messages: int) -> float:
+class ServerCpu:
+    """The server process's CPU time (user + system) over the consume phase: `start()` to `stop()`."""
+
+    def __init__(self, pid: int) -> None:
+        self._proc = psutil.Process(pid)
+        self._at = 0.0
+        self.seconds = 0.0
+
+    def _now(self) -> float:
+        times = self._proc.cpu_times()
+        return float(times.user + times.system)
+
+    def start(self) -> None:
+        self._at = self._now()
+
+    def stop(self) -> None:
+        self.seconds = self._now() - self._at
+
+
+def run_case(system: str, case: str, messages: int) -> tuple[float, float]:
+    """Deliveries per second, and the server's CPU µs per delivery (acked) over the consume phase."""
     with peers.start(system) as server:
+        cpu = ServerCpu(server.pid)
         if system == "ours":
-            return trio.run(_ours, server.port, case, messages)
-        if system == "redis":
-            return asyncio.run(_redis(server.port, case, messages))
-        return asyncio.run(_jetstream(server.port, case, messages))
+            rate = trio.run(_ours, server.port, case, messages, cpu)
+        elif system == "redis":
+            rate = asyncio.run(_redis(server.port, case, messages, cpu))
+        else:
+            rate = asyncio.run(_jetstream(server.port, case, messages, cpu))
+    return rate, cpu.seconds / expected(case, messages) * 1e6
 
 
 def main() -> None:
@@ -203,17 +235,21 @@ def main() -> None:
         for system in SYSTEMS:
             for case, messages in sizes.items():
                 bar.update(task, description=f"{system}, {case}")
-                result[f"{system}_{case}_msgs_per_s"] = round(run_case(system, case, messages))
+                rate, cpu_us = run_case(system, case, messages)
+                result[f"{system}_{case}_msgs_per_s"] = round(rate)
+                result[f"{system}_{case}_server_us_per_msg"] = round(cpu_us, 2)
                 bar.advance(task)
     rows = []
     for case in CASES:
         mine = result[f"ours_{case}_msgs_per_s"]
-        rows.append((f"{case}: ours", f"{mine:,}", ""))
+        mine_us = result[f"ours_{case}_server_us_per_msg"]
+        rows.append((f"{case}: ours", f"{mine:,} ({mine_us} µs server CPU each)", ""))
         for peer in SYSTEMS[1:]:
             theirs = result[f"{peer}_{case}_msgs_per_s"]
             ratio = result[f"ratio_{case}_vs_{peer}"] = round(mine / theirs, 3)
             target = ">= 1.0" if (case, peer) == ("1sub", "jetstream") else ""
-            rows.append((f"{case}: {peer} (ours / it)", f"{theirs:,} ({ratio:.2f})", target))
+            theirs_us = result[f"{peer}_{case}_server_us_per_msg"]
+            rows.append((f"{case}: {peer} (ours / it)", f"{theirs:,} ({ratio:.2f}; {theirs_us} µs)", target))
     result["ratio_vs_jetstream"] = result["ratio_1sub_vs_jetstream"]
     print_report(console, f"consume with an ack per message, deliveries/s ({result['scale']})", rows, result, args.json)
     if args.plot:
