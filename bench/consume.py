@@ -13,6 +13,12 @@ Every subscriber has its own connection, all in this process. Systems:
 - redis: XREADGROUP (COUNT up to 1024 minus what is unacked; a consumer group per subscriber, one group
   with four consumers for the queue), one XACK per message, sent in a pipeline per batch, redis-py.
 
+With `--clients node` (or `both`) the same cases run with Node clients on both sides, ours and
+JetStream only (`bench/node/clients.js`: node-nats-streaming 0.3.2 against ours, nats.js 2.x with
+`consumers.get(...).consume()` against a file stream; `npm ci --prefix bench/node` first): keys
+`node_<system>_<case>_...` and `node_ratio_<case>_vs_jetstream`. Python clients are slow at
+consuming from JetStream, which flatters our ratio; the Node figures are the fair one.
+
 Figures are deliveries per second (acked), and the server process's CPU time per delivery over the
 consume phase (user + system, all its threads; psutil). JSON keys: `<system>_<case>_msgs_per_s`,
 `<system>_<case>_server_us_per_msg`,
@@ -31,12 +37,12 @@ from typing import Any, cast
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import psutil  # noqa: E402
 import trio  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
 from bench.load import jetstream_publish, publish_pipelined, redis_xadd  # noqa: E402
+from bench.node_clients import NODE_SYSTEMS, ServerCpu, run_node  # noqa: E402
 from bench.peers import SYSTEMS  # noqa: E402
 from bench.report import arguments, bar_plot, machine, print_report, progress  # noqa: E402
 from streaming.client import StartPosition, connect  # noqa: E402
@@ -184,23 +190,9 @@ async def _redis(port: int, case: str, messages: int, cpu: ServerCpu) -> float:
     return total / elapsed
 
 
-class ServerCpu:
-    """The server process's CPU time (user + system) over the consume phase: `start()` to `stop()`."""
-
-    def __init__(self, pid: int) -> None:
-        self._proc = psutil.Process(pid)
-        self._at = 0.0
-        self.seconds = 0.0
-
-    def _now(self) -> float:
-        times = self._proc.cpu_times()
-        return float(times.user + times.system)
-
-    def start(self) -> None:
-        self._at = self._now()
-
-    def stop(self) -> None:
-        self.seconds = self._now() - self._at
+def run_node_case(system: str, case: str, messages: int) -> tuple[float, float]:
+    subscribers, queue = CASES[case]
+    return run_node(system, "consume", messages, subscribers, queue, expected(case, messages))
 
 
 def run_case(system: str, case: str, messages: int) -> tuple[float, float]:
@@ -218,6 +210,13 @@ def run_case(system: str, case: str, messages: int) -> tuple[float, float]:
 
 def main() -> None:
     parser = arguments(__doc__, quick="smaller runs (under a minute)", plot="bar chart of every case")
+    parser.add_argument(
+        "--clients",
+        choices=["python", "node", "both"],
+        default="python",
+        help="who drives the workload: our Python clients and nats-py / redis-py (default), Node clients on "
+        "both sides (node-nats-streaming, nats.js 2.x; ours and JetStream only), or both",
+    )
     args = parser.parse_args()
     console = Console(stderr=args.json)
     # Messages in the channel per case (10subs reads each of them ten times).
@@ -230,29 +229,45 @@ def main() -> None:
         "scale": "quick" if args.quick else "full",
         "machine": machine(),
     }
+    python, node = args.clients in ("python", "both"), args.clients in ("node", "both")
+    todo = [(s, "python") for s in SYSTEMS if python] + [(s, "node") for s in NODE_SYSTEMS if node]
     with progress(console) as bar:
-        task = bar.add_task("consume", total=len(SYSTEMS) * len(CASES))
-        for system in SYSTEMS:
+        task = bar.add_task("consume", total=len(todo) * len(CASES))
+        for system, clients in todo:
             for case, messages in sizes.items():
-                bar.update(task, description=f"{system}, {case}")
-                rate, cpu_us = run_case(system, case, messages)
-                result[f"{system}_{case}_msgs_per_s"] = round(rate)
-                result[f"{system}_{case}_server_us_per_msg"] = round(cpu_us, 2)
+                bar.update(task, description=f"{system}, {case} ({clients} clients)")
+                if clients == "node":
+                    rate, cpu_us = run_node_case(system, case, messages * 2)
+                    key = f"node_{system}_{case}"
+                else:
+                    rate, cpu_us = run_case(system, case, messages)
+                    key = f"{system}_{case}"
+                result[f"{key}_msgs_per_s"] = round(rate)
+                result[f"{key}_server_us_per_msg"] = round(cpu_us, 2)
                 bar.advance(task)
-    rows = []
-    for case in CASES:
-        mine = result[f"ours_{case}_msgs_per_s"]
-        mine_us = result[f"ours_{case}_server_us_per_msg"]
-        rows.append((f"{case}: ours", f"{mine:,} ({mine_us} µs server CPU each)", ""))
-        for peer in SYSTEMS[1:]:
-            theirs = result[f"{peer}_{case}_msgs_per_s"]
-            ratio = result[f"ratio_{case}_vs_{peer}"] = round(mine / theirs, 3)
-            target = ">= 1.0" if (case, peer) == ("1sub", "jetstream") else ""
-            theirs_us = result[f"{peer}_{case}_server_us_per_msg"]
-            rows.append((f"{case}: {peer} (ours / it)", f"{theirs:,} ({ratio:.2f}; {theirs_us} µs)", target))
-    result["ratio_vs_jetstream"] = result["ratio_1sub_vs_jetstream"]
+    rows: list[tuple[str, str, str]] = []
+    if python:
+        for case in CASES:
+            mine = result[f"ours_{case}_msgs_per_s"]
+            mine_us = result[f"ours_{case}_server_us_per_msg"]
+            rows.append((f"{case}: ours", f"{mine:,} ({mine_us} µs server CPU each)", ""))
+            for peer in SYSTEMS[1:]:
+                theirs = result[f"{peer}_{case}_msgs_per_s"]
+                ratio = result[f"ratio_{case}_vs_{peer}"] = round(mine / theirs, 3)
+                target = ">= 1.0" if (case, peer) == ("1sub", "jetstream") else ""
+                theirs_us = result[f"{peer}_{case}_server_us_per_msg"]
+                rows.append((f"{case}: {peer} (ours / it)", f"{theirs:,} ({ratio:.2f}; {theirs_us} µs)", target))
+        result["ratio_vs_jetstream"] = result["ratio_1sub_vs_jetstream"]
+    if node:
+        for case in CASES:
+            mine, theirs = result[f"node_ours_{case}_msgs_per_s"], result[f"node_jetstream_{case}_msgs_per_s"]
+            ratio = result[f"node_ratio_{case}_vs_jetstream"] = round(mine / theirs, 3)
+            mine_us = result[f"node_ours_{case}_server_us_per_msg"]
+            rows.append((f"node clients, {case}: ours", f"{mine:,} ({mine_us} µs server CPU each)", "<= 10 µs"))
+            target = ">= 1.5" if case == "1sub" else ">= 1.2"
+            rows.append((f"node clients, {case}: jetstream (ours / it)", f"{theirs:,} ({ratio:.2f})", target))
     print_report(console, f"consume with an ack per message, deliveries/s ({result['scale']})", rows, result, args.json)
-    if args.plot:
+    if args.plot and python:
         groups = {case: {s: float(result[f"{s}_{case}_msgs_per_s"]) for s in SYSTEMS} for case in CASES}
         bar_plot(args.plot, "push delivery, ack per message", "deliveries/s", groups)
 

@@ -35,6 +35,7 @@ from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
 from bench.load import jetstream_publish, publish_pipelined, redis_xadd, sequential_rate  # noqa: E402
+from bench.node_clients import NODE_SYSTEMS, run_node  # noqa: E402
 from bench.peers import SYSTEMS  # noqa: E402
 from bench.report import arguments, bar_plot, machine, print_report, progress  # noqa: E402
 from streaming.client import connect  # noqa: E402
@@ -109,6 +110,13 @@ def cases(quick: bool) -> Iterator[tuple[str, int, int, int]]:
 
 def main() -> None:
     parser = arguments(__doc__, quick="smaller runs (under a minute)", plot="bar chart of every case")
+    parser.add_argument(
+        "--clients",
+        choices=["python", "node", "both"],
+        default="python",
+        help="who publishes: our Python client and nats-py / redis-py (default), Node clients on both sides "
+        "(node-nats-streaming, nats.js 2.x; ours and JetStream, pipelined 128 B), or both",
+    )
     args = parser.parse_args()
     console = Console(stderr=args.json)
     result: dict[str, Any] = {
@@ -116,6 +124,22 @@ def main() -> None:
         "machine": machine(),
     }
     todo = list(cases(args.quick))
+    python, node = args.clients in ("python", "both"), args.clients in ("node", "both")
+    rows: list[tuple[str, str, str]] = []
+    if node:
+        count = 50_000 if args.quick else 200_000
+        for system in NODE_SYSTEMS:
+            rate, cpu_us = run_node(system, "publish", count, 1, False, count)
+            result[f"node_{system}_async_128_msgs_per_s"] = round(rate)
+            result[f"node_{system}_async_128_server_us_per_msg"] = round(cpu_us, 2)
+        mine, theirs = result["node_ours_async_128_msgs_per_s"], result["node_jetstream_async_128_msgs_per_s"]
+        ratio = result["node_ratio_async_vs_jetstream"] = round(mine / theirs, 3)
+        mine_us = result["node_ours_async_128_server_us_per_msg"]
+        rows.append(("node clients, async 128 B: ours", f"{mine:,} ({mine_us} µs server CPU each)", "<= 6 µs"))
+        rows.append(("node clients, async 128 B: jetstream (ours / it)", f"{theirs:,} ({ratio:.2f})", ">= 3"))
+        if not python:
+            print_report(console, f"durable publish, msgs/s ({result['scale']})", rows, result, args.json)
+            return
     with progress(console) as bar:
         task = bar.add_task("publish", total=len(SYSTEMS) * len(todo))
         for system in SYSTEMS:
@@ -126,7 +150,6 @@ def main() -> None:
                 result[f"{system}_async_{size_key}_msgs_per_s"] = round(rate_async)
                 result[f"{system}_sync_{size_key}_msgs_per_s"] = round(rate_sync)
                 bar.advance(task)
-    rows = []
     for mode in ("async", "sync"):
         for size_key in SIZES:
             suffix = "" if size_key == "128" else "_4k"

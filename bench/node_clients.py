@@ -1,0 +1,61 @@
+"""What the benchmarks share about the servers they drive: the server process's CPU time over the timed
+part, and the fast clients (Node on both sides: node-nats-streaming against ours, nats.js 2.x against
+JetStream; `bench/node/clients.js`, installed with `npm ci --prefix bench/node`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench import peers
+
+NODE_DIR = Path(__file__).resolve().parent / "node"
+NODE_SYSTEMS = ("ours", "jetstream")
+
+
+class ServerCpu:
+    """The server process's CPU time (user + system) over the consume phase: `start()` to `stop()`."""
+
+    def __init__(self, pid: int) -> None:
+        self._proc = psutil.Process(pid)
+        self._at = 0.0
+        self.seconds = 0.0
+
+    def _now(self) -> float:
+        times = self._proc.cpu_times()
+        return float(times.user + times.system)
+
+    def start(self) -> None:
+        self._at = self._now()
+
+    def stop(self) -> None:
+        self.seconds = self._now() - self._at
+
+
+def run_node(
+    system: str, workload: str, messages: int, subscribers: int, queue: bool, count: int
+) -> tuple[float, float]:
+    """Run `bench/node/clients.js` against a fresh server: msgs/s of the timed part, and the server's
+    CPU µs per message over it (`count` messages: deliveries for a consume)."""
+    if not (NODE_DIR / "node_modules").exists():
+        raise SystemExit("the Node clients are not installed: npm ci --prefix bench/node")
+    with peers.start(system) as server:
+        cpu = ServerCpu(server.pid)
+        argv = ["node", str(NODE_DIR / "clients.js"), system, workload, str(server.port), str(messages)]
+        argv += [str(subscribers), "queue" if queue else ""]
+        result: dict[str, Any] = {"ok": False, "error": "no result"}
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.strip() == "start":
+                    cpu.start()
+                elif line.startswith("{"):
+                    cpu.stop()
+                    result = json.loads(line)
+    if not result.get("ok"):
+        raise RuntimeError(f"node {system} {workload}: {result.get('error')}")
+    return float(result["msgs_per_s"]), cpu.seconds / count * 1e6
