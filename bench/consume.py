@@ -1,6 +1,6 @@
 """Push delivery with a manual ack per message (MaxInflight 1024) against real peers, same run.
 
-    python bench/consume.py [--quick] [--json] [--plot FILE.png]
+    python bench/consume.py [--quick] [--json] [--plot FILE.png] [--clients python|node|both]
 
 Each case pre-publishes a channel, then times from subscribing to the last message received and acked:
 - `1sub`: one subscriber reads the channel;
@@ -22,7 +22,7 @@ consuming from JetStream, which flatters our ratio; the Node figures are the fai
 Figures are deliveries per second (acked), and the server process's CPU time per delivery over the
 consume phase (user + system, all its threads; psutil). JSON keys: `<system>_<case>_msgs_per_s`,
 `<system>_<case>_server_us_per_msg`,
-`ratio_<case>_vs_<peer>` and `ratio_vs_jetstream` (the 1-subscriber case; issue 4's target >= 1.0).
+`ratio_<case>_vs_<peer>` and `ratio_vs_jetstream` (the 1-subscriber case; target >= 1.0).
 """
 
 from __future__ import annotations
