@@ -16,8 +16,8 @@ import trio
 from storage import Store, StoreError, open_store
 from streaming.config import ServerConfig
 from streaming.core.observers import Fanout
-from streaming.core.runtime import call_store
 from streaming.core.service import Core
+from streaming.core.store_calls import call_store
 from streaming.event_log import EventLog
 from streaming.metrics import Metrics
 from streaming.monitor import Monitor, serve_monitor

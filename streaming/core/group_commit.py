@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from functools import partial
 
 import attrs
 import trio
@@ -31,6 +32,7 @@ import trio
 from storage import AppendResult, StoreError
 from streaming.core.outbound import Publish
 from streaming.core.pipeline import Pipeline
+from streaming.core.store_calls import call_store
 
 log = logging.getLogger(__name__)
 _SHARED_WINDOW_S = 0.01  # publishes from two origins this close together: commit in the task
@@ -220,7 +222,7 @@ class GroupCommit:
         pipeline = self._pipeline
         missing, refused = pipeline.missing_channels(batch)
         for name in missing:
-            await self._call_store(lambda: pipeline.create_channel(name, refused))  # noqa: B023
+            await call_store(partial(pipeline.create_channel, name, refused), in_thread=self._in_thread)
         accepted = pipeline.accepted(batch, refused)
         if not (self._in_thread and len(accepted) > self._inline_batch):
             # A small batch means a lightly loaded server whose publishers wait on this commit: the
@@ -238,13 +240,6 @@ class GroupCommit:
             outcome = exc
         with pipeline.outbound.holding():
             pipeline.finish(batch, accepted, refused, outcome, started)
-
-    async def _call_store(self, fn: Callable[[], None]) -> None:
-        if self._in_thread:
-            await trio.to_thread.run_sync(fn)
-        else:
-            fn()
-            await trio.lowlevel.checkpoint()
 
     def _done(self, batch: list[Publish]) -> None:
         self._committed += len(batch)

@@ -44,6 +44,7 @@ from streaming.core.engine import DeadLetter, Engine, dead_letter_payload
 from streaming.core.group_commit import GroupCommit
 from streaming.core.outbound import Publish
 from streaming.core.pipeline import Pipeline, StateWriter
+from streaming.core.store_calls import call_store
 
 log = logging.getLogger(__name__)
 _INLINE_APPLY = 2000  # updates per store call when the store runs on the Trio thread
@@ -455,13 +456,3 @@ class EngineRuntime(StateWriter):
 
     async def _call(self, fn: Callable[[], T]) -> T:
         return await call_store(fn, in_thread=self._store_in_thread)
-
-
-async def call_store(fn: Callable[[], T], *, in_thread: bool) -> T:
-    """Run one store call: on a worker thread (LMDB in production, so the event loop never waits for
-    an fsync), or inline followed by a checkpoint (memory store; tests under MockClock)."""
-    if in_thread:
-        return await trio.to_thread.run_sync(fn)
-    result = fn()
-    await trio.lowlevel.checkpoint()
-    return result

@@ -17,17 +17,21 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Sequence
+from functools import partial
 
 import trio
 
-from storage import DamagedStoreError, RecoveredState, Store, StoreError
+from storage import ChannelError, DamagedStoreError, RecoveredState, Store, StoreError
 from storage.integrity import beyond_channels
+from streaming.core import errors as texts
 from streaming.core.engine import Engine, Observer
+from streaming.core.errors import RequestError
 from streaming.core.group_commit import GroupCommit
 from streaming.core.observers import ServerObserver
 from streaming.core.outbound import Doors, Publish
 from streaming.core.pipeline import Pipeline
-from streaming.core.runtime import EngineRuntime, call_store, tune_gc
+from streaming.core.runtime import EngineRuntime, tune_gc
+from streaming.core.store_calls import call_store
 
 log = logging.getLogger(__name__)
 # Subscription-state writes (acks, positions) gather this long into one fsynced transaction; a
@@ -151,6 +155,18 @@ class Core:
         (`more_input`: the door has more of the same connection's input waiting)."""
         self.pipeline.settle()
         self.group_commit.after_span(more_input=more_input)
+
+    async def ensure_channel(self, name: str) -> None:
+        """Create a channel a subscription names, off the event loop (an fsynced write), before the
+        engine needs it. Raises RequestError for a name the store refuses (too many channels, a
+        clash in case, one being deleted), StoreError when the store cannot write."""
+        if name in self.pipeline.deleting:
+            raise RequestError(texts.CHANNEL_BEING_DELETED)
+        try:
+            if self.store.channel_info(name) is None:
+                await call_store(partial(self.store.ensure_channel, name), in_thread=self.in_thread)
+        except ChannelError as exc:
+            raise RequestError(str(exc)) from exc
 
     def store_write_error(self) -> StoreError | None:
         """Why the store refuses writes, while it does (publishes, or subscription state)."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from functools import partial
 
 import trio
@@ -30,10 +30,8 @@ from storage import ChannelError, ClientRecord, StoreError, StoreFullError
 from streaming.core import errors
 from streaming.core.engine import Engine
 from streaming.core.errors import RequestError
-from streaming.core.group_commit import GroupCommit
 from streaming.core.outbound import Publish
 from streaming.core.pipeline import Pipeline
-from streaming.core.runtime import call_store
 from streaming.core.service import Core
 from streaming.stan.broker import Broker
 from streaming.stan.clients import Clients, nuid
@@ -83,12 +81,12 @@ class StanServer:
         self._nursery: trio.Nursery | None = None
         self._pipeline: Pipeline
         self._engine: Engine
-        self._group_commit: GroupCommit
+        self._publish: Callable[[Publish], Awaitable[None] | None]
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Answer STAN requests until cancelled (start it after the core's `run`)."""
         # The hot paths' lookups, once.
-        self._pipeline, self._engine, self._group_commit = self.core.pipeline, self.core.engine, self.core.group_commit
+        self._pipeline, self._engine, self._publish = self.core.pipeline, self.core.engine, self.core.publish
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await nursery.start(self.clients.run)
@@ -201,9 +199,7 @@ class StanServer:
         if message.subject in self._pipeline.deleting:
             self._respond(reply, pb.PubAck(guid=message.guid, error=errors.CHANNEL_BEING_DELETED))
             return None
-        commit = self._group_commit
-        commit.submit(Publish(message.subject, message.data, message.reply, message.guid, reply, self.outbound))
-        return None if commit.has_room() else commit.wait_room()  # a full queue: back-pressure
+        return self._publish(Publish(message.subject, message.data, message.reply, message.guid, reply, self.outbound))
 
     def _on_ack(self, subject: str, reply: str, payload: bytes) -> None:
         pipeline = self._pipeline
@@ -232,14 +228,7 @@ class StanServer:
             request = parse_subscribe(payload, ack_inbox, ms_mode=self.config.allow_ms_ack_wait)
             if request.client_id not in self.clients:
                 raise RequestError(errors.UNKNOWN_CLIENT)
-            if request.channel in core.pipeline.deleting:
-                raise RequestError(errors.CHANNEL_BEING_DELETED)
-            try:
-                if core.store.channel_info(request.channel) is None:
-                    # Created off the event loop (an fsynced write), before the engine needs it.
-                    await call_store(partial(core.store.ensure_channel, request.channel), in_thread=core.in_thread)
-            except ChannelError as exc:  # too many channels, a name clashing in case
-                raise RequestError(str(exc)) from exc
+            await core.ensure_channel(request.channel)
             if core.store_write_error() is not None and core.engine.creates_durable(request):
                 # It could not be made durable: a crash would lose it, and with it its position.
                 raise RequestError(errors.store_error(StoreFullError("new durable subscription")))

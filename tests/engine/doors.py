@@ -12,8 +12,13 @@ from streaming.core.outbound import Publish
 class RecordingDoor:
     """An `Outbound` port: `sent` holds (clock time, delivery), `acks` (guid, error text or "")."""
 
-    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] | None = None,
+        on_deliver: Callable[[Sequence[Delivery]], None] | None = None,
+    ) -> None:
         self._clock = clock
+        self._on_deliver = on_deliver
         self.sent: list[tuple[float, Delivery]] = []
         self.acks: list[tuple[str, str]] = []
 
@@ -27,6 +32,8 @@ class RecordingDoor:
     def deliver(self, deliveries: Sequence[Delivery]) -> None:
         now = self.now()
         self.sent += [(now, d) for d in deliveries]
+        if self._on_deliver is not None:
+            self._on_deliver(deliveries)
 
     def published(self, publishes: Sequence[Publish], errors: dict[int, Exception]) -> None:
         for p in publishes:

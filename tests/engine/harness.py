@@ -96,8 +96,7 @@ class Harness:
     def _build(self, engine: Engine) -> None:
         self.engine = engine
         self.engine.add_observer(self.recorder)
-        self.door = RecordingDoor(clock=lambda: self.now)
-        self.door.deliver = self._received  # type: ignore[method-assign]
+        self.door = RecordingDoor(clock=lambda: self.now, on_deliver=self._received)
         self.pipeline = Pipeline(
             self.store,
             engine,
