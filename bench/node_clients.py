@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +38,20 @@ class ServerCpu:
 
 
 def run_node(
-    system: str, workload: str, messages: int, subscribers: int, queue: bool, count: int
+    system: str,
+    workload: str,
+    messages: int,
+    subscribers: int,
+    queue: bool,
+    count: int,
+    ours_flags: Sequence[str] = (),
 ) -> tuple[float, float]:
-    """Run `bench/node/clients.js` against a fresh server: msgs/s of the timed part, and the server's
-    CPU µs per message over it (`count` messages: deliveries for a consume)."""
+    """Run `bench/node/clients.js` against a fresh server (ours with `ours_flags` added): msgs/s of
+    the timed part, and the server's CPU µs per message over it (`count` messages: deliveries for a
+    consume)."""
     if not (NODE_DIR / "node_modules").exists():
         raise SystemExit("the Node clients are not installed: npm ci --prefix bench/node")
-    with peers.start(system) as server:
+    with peers.ours(*ours_flags) if ours_flags else peers.start(system) as server:
         cpu = ServerCpu(server.pid)
         argv = ["node", str(NODE_DIR / "clients.js"), system, workload, str(server.port), str(messages)]
         argv += [str(subscribers), "queue" if queue else ""]

@@ -6,6 +6,8 @@ Each script runs in its own process with `--json` (and `--quick` when given); it
 result. The table lists the figures the issues set targets for; `--markdown` writes the same table
 (with the date, the machine and the command) for bench/README.md; `--plots DIR` passes `--plot` to
 the scripts that draw one. With `--json` the last line holds every script's result by name.
+Where the Node clients are installed (`npm ci --prefix bench/node`), publish, consume and event_log
+also run with Node clients on both sides (`--clients both`), the fair comparison with JetStream.
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ from bench.report import print_report  # noqa: E402
 
 SCRIPTS = ("publish", "consume", "redelivery", "latency", "recovery", "storm", "wire", "engine", "storage", "event_log")
 PLOTS = {"publish", "consume", "redelivery", "latency", "storm"}
+# Where Node is installed (`npm ci --prefix bench/node`), these also run with fast clients on both sides.
+NODE_ARGS = {"publish": ["--clients", "both"], "consume": ["--clients", "both"], "event_log": ["--clients", "both"]}
 
+NODE_READY = (ROOT / "bench" / "node" / "node_modules").exists()
 Check = Callable[[Any], bool]
 # (script, key, target as written, check)
 HEADLINES: list[tuple[str, str, str, Check | None]] = [
@@ -39,9 +44,18 @@ HEADLINES: list[tuple[str, str, str, Check | None]] = [
     ("publish", "ratio_async_vs_redis", "", None),
     ("publish", "ratio_sync_vs_jetstream", ">= 1.5", lambda v: v >= 1.5),
     ("publish", "ratio_sync_vs_jetstream_sync", "", None),
+    ("publish", "ours_sync_fraction_of_limit", ">= 0.7", lambda v: v >= 0.7),
+    ("publish", "node_ratio_async_vs_jetstream", ">= 3", lambda v: v >= 3),
+    ("publish", "node_ours_async_128_server_us_per_msg", "<= 6", lambda v: v <= 6),
     ("consume", "ratio_vs_jetstream", ">= 1.0", lambda v: v >= 1.0),
     ("consume", "ratio_queue4_vs_jetstream", "", None),
     ("consume", "ratio_1sub_vs_redis", "", None),
+    ("consume", "node_ratio_1sub_vs_jetstream", ">= 1.5", lambda v: v >= 1.5),
+    ("consume", "node_ratio_10subs_vs_jetstream", ">= 1.2", lambda v: v >= 1.2),
+    ("consume", "node_ratio_queue4_vs_jetstream", ">= 1.2", lambda v: v >= 1.2),
+    ("consume", "node_ours_1sub_server_us_per_msg", "<= 10", lambda v: v <= 10),
+    ("consume", "node_ours_10subs_server_us_per_msg", "<= 10", lambda v: v <= 10),
+    ("consume", "node_ours_queue4_server_us_per_msg", "<= 10", lambda v: v <= 10),
     ("redelivery", "lateness_p99_ms", "<= 20", lambda v: v <= 20),
     ("redelivery", "redelivered_once_fraction", "1.0", lambda v: v == 1.0),
     ("redelivery", "jetstream_lateness_p99_ms", "", None),
@@ -65,6 +79,7 @@ HEADLINES: list[tuple[str, str, str, Check | None]] = [
     ("wire", "publish_async_ratio_vs_jetstream", ">= 2.5", lambda v: v >= 2.5),
     ("engine", "deliver_ack_per_s", ">= 300,000", lambda v: v >= 300_000),
     ("event_log", "consume_ack_ratio_with_log", ">= 0.85", lambda v: v >= 0.85),
+    ("event_log", "node_consume_ratio_observed", ">= 0.9", lambda v: v >= 0.9),
 ]
 
 
@@ -72,6 +87,8 @@ def run_script(name: str, quick: bool, plots: Path | None, console: Console) -> 
     cmd = [sys.executable, str(ROOT / "bench" / f"{name}.py"), "--json"]
     if quick:
         cmd.append("--quick")
+    if name in NODE_ARGS and NODE_READY:
+        cmd += NODE_ARGS[name]
     if plots is not None and name in PLOTS:
         cmd += ["--plot", str(plots / f"{name}.png")]
     started = time.perf_counter()

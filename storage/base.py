@@ -34,7 +34,7 @@ from storage.records import (
     DeleteClient,
     ExpireResult,
     Message,
-    NewMessage,
+    MessageToAppend,
     RecoveredState,
     SaveClient,
     SubUpdate,
@@ -124,7 +124,7 @@ class Store(abc.ABC):
     # -- messages ------------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def append(self, messages: Sequence[NewMessage], now_unix_ns: int | None = None) -> AppendResult:
+    def append(self, messages: Sequence[MessageToAppend], now_unix_ns: int | None = None) -> AppendResult:
         """Store a batch in one transaction (group commit); channels must exist (`ensure_channel`).
 
         Timestamps are `now_unix_ns` (default: the wall clock) clamped so they never go backwards

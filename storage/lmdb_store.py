@@ -92,7 +92,7 @@ from storage.records import (
     DeleteSubscription,
     ExpireResult,
     Message,
-    NewMessage,
+    MessageToAppend,
     RecoveredState,
     ServerInfo,
     SubscriptionRecord,
@@ -385,23 +385,31 @@ class LmdbStore(Store):
 
     # -- messages ------------------------------------------------------------------------------
 
-    def append(self, messages: Sequence[NewMessage], now_unix_ns: int | None = None) -> AppendResult:
+    def append(self, messages: Sequence[MessageToAppend], now_unix_ns: int | None = None) -> AppendResult:
         now = now_or(now_unix_ns)
         self._wait_for_journal_room()
         with self._append_lock:
             if not self._schema_current:
                 self._upgrade_schema()
-            before = {m.channel: self._known(m.channel) for m in messages}
-            replies = [encode_reply(m.reply) for m in messages]
+            before = {name: self._known(name) for name in dict.fromkeys([m.channel for m in messages])}
+            replies = [encode_reply(m.reply) if m.reply else b"" for m in messages]
 
             # Every message of a channel in one batch gets the same timestamp (now, clamped).
             runs: dict[str, list[tuple[bytes, bytes]]] = {name: [] for name in before}
-            assigned: list[tuple[int, int]] = []
-            for msg, reply in zip(messages, replies, strict=True):
-                run = runs[msg.channel]
-                run.append((reply, msg.data))
-                info = before[msg.channel]
-                assigned.append((info.last_seq + len(run), max(now, info.last_timestamp_unix_ns)))
+            assigned: list[tuple[int, int]]
+            if len(before) == 1:  # the common case, without a lookup per message
+                ((name, info),) = before.items()
+                runs[name] = list(zip(replies, [m.data for m in messages], strict=True))
+                ts = max(now, info.last_timestamp_unix_ns)
+                first = info.last_seq + 1
+                assigned = [(seq, ts) for seq in range(first, first + len(messages))]
+            else:
+                assigned = []
+                for msg, reply in zip(messages, replies, strict=True):
+                    run = runs[msg.channel]
+                    run.append((reply, msg.data))
+                    info = before[msg.channel]
+                    assigned.append((info.last_seq + len(run), max(now, info.last_timestamp_unix_ns)))
 
             encoded: list[tuple[ChannelInfo, int, list[tuple[bytes, bytes]]]] = []
             parts: list[bytes] = []

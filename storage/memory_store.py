@@ -24,7 +24,7 @@ from storage.records import (
     DeleteSubscription,
     ExpireResult,
     Message,
-    NewMessage,
+    MessageToAppend,
     RecoveredState,
     RecoveredSubscription,
     SaveClient,
@@ -74,7 +74,7 @@ class MemoryStore(Store):
         for sub_id in [s.sub_id for s in self._subs.values() if s.channel == info.name]:
             self._delete_sub(sub_id)
 
-    def append(self, messages: Sequence[NewMessage], now_unix_ns: int | None = None) -> AppendResult:
+    def append(self, messages: Sequence[MessageToAppend], now_unix_ns: int | None = None) -> AppendResult:
         now = now_or(now_unix_ns)
         infos = {m.channel: self._known(m.channel) for m in messages}
         replies = [encode_reply(m.reply) for m in messages]  # validate all before changing anything

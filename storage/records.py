@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import attrs
 
@@ -21,6 +22,18 @@ class StartPosition(enum.IntEnum):
     TIME_DELTA_START = 2
     SEQUENCE_START = 3
     FIRST = 4
+
+
+class MessageToAppend(Protocol):
+    """What `Store.append` reads of a message: any object with these (a NewMessage, or a caller's own
+    record of a publish, so that a batch need not be copied into NewMessages first)."""
+
+    @property
+    def channel(self) -> str: ...
+    @property
+    def data(self) -> bytes: ...
+    @property
+    def reply(self) -> str: ...
 
 
 @attrs.frozen(slots=True)

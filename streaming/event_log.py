@@ -1,9 +1,9 @@
 """The delivery event log: JSON Lines (schema in `streaming.event_schema`) for the Spark jobs.
 
-The hot paths append one preformatted line per delivery event (a few fragments cached per
-subscription) and one entry per channel per publish burst; a writer task joins what accumulated every
-`interval` seconds and writes it on a worker thread, into `events-<start>-<n>.jsonl` files that roll
-over past `rotate_bytes`.
+The hot paths append one preformatted string per delivery event, or per run of first deliveries or
+acks (a few fragments cached per subscription), and one entry per channel per publish burst; a writer
+task joins what accumulated every `interval` seconds and writes it on a worker thread, into
+`events-<start>-<n>.jsonl` files that roll over past `rotate_bytes`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -19,9 +19,11 @@ import trio
 
 from streaming.core.engine import (
     Acked,
+    AckedRun,
     AckTimedOut,
     DeadLettered,
     Delivered,
+    DeliveredRun,
     Event,
     MemberJoined,
     MemberLeft,
@@ -64,7 +66,7 @@ class EventLog:
         self._pending: list[str | tuple[int, str, int, int]] = []  # lines, and publish runs
         self._quoted: dict[str, str] = {}
         self._subs: dict[int, _SubLines] = {}  # by id(SubRef)
-        # Bound once: the hot path appends twice per consumed message, and flush() keeps the list.
+        # Bound once: flush() keeps the list.
         self._append = self._pending.append
         self._sub_lines = self._subs.get
         self._file: IO[bytes] | None = None
@@ -75,42 +77,47 @@ class EventLog:
 
     # -- observers (hot paths: one append) -------------------------------------------------------
 
-    def on_event(self, event: Event, _now_ns: Callable[[], int] = time.time_ns) -> None:
+    def on_events(self, events: Sequence[Event], _now_ns: Callable[[], int] = time.time_ns) -> None:
         # Encoded at once: a string is cheaper to keep until the next write than the event object
-        # (which the garbage collector would otherwise walk over, many thousands at a time).
-        # Deliveries and acks (two per consumed message) are spelled out here rather than in a
-        # function per kind, and a first delivery or its ack is one cached prefix and suffix around
-        # `ts` and `seq`: the call, a second cache lookup and formatting the constant fields were
-        # half of each line's cost.
-        sub = event.sub
-        c = self._sub_lines(id(sub))
-        if c is None or c.sub is not sub:  # `is`: an id can be reused once a SubRef is gone
-            c = self._cache(sub)
-        kind = type(event)
-        if kind is Delivered:
-            e: Any = event
-            if e.attempt == 1 and e.reason is _NEW:
-                if e.ack_wait_s != c.ack_wait_s:
-                    c.set_ack_wait(e.ack_wait_s)
-                self._append(f'{{"ts":{_now_ns() // 1000},{c.deliver_head}{e.seq}{c.deliver_first}')
+        # (which the garbage collector would otherwise walk over, many thousands at a time). The
+        # events of one engine pass share one timestamp. A run of first deliveries, or of acks of
+        # first deliveries, is one string: its lines differ only in `seq`, so they are the
+        # subscription's cached prefix and suffix joined around the sequences, in C.
+        ts = _now_ns() // 1000
+        append = self._append
+        for event in events:
+            sub = event.sub
+            c = self._sub_lines(id(sub))
+            if c is None or c.sub is not sub:  # `is`: an id can be reused once a SubRef is gone
+                c = self._cache(sub)
+            if type(event) is DeliveredRun:
+                if event.ack_wait_s != c.ack_wait_s:
+                    c.set_ack_wait(event.ack_wait_s)
+                start = f'{{"ts":{ts},{c.deliver_head}'
+                append(start + (c.deliver_first + start).join(map(str, event.seqs)) + c.deliver_first)
+            elif type(event) is AckedRun:
+                if event.attempts.count(1) == len(event.attempts):
+                    start = f'{{"ts":{ts},{c.ack_head}'
+                    append(start + (c.ack_first + start).join(map(str, event.seqs)) + c.ack_first)
+                else:
+                    for seq, attempt in zip(event.seqs, event.attempts, strict=True):
+                        append(_ack(ts, c, seq, attempt))
+            elif type(event) is Delivered:
+                if event.attempt == 1 and event.reason is _NEW:
+                    if event.ack_wait_s != c.ack_wait_s:
+                        c.set_ack_wait(event.ack_wait_s)
+                    append(f'{{"ts":{ts},{c.deliver_head}{event.seq}{c.deliver_first}')
+                else:
+                    append(
+                        f'{{"ts":{ts},"event":"deliver",{c.head}{event.seq}{c.tail}"attempt":{event.attempt},'
+                        f'"ack_wait_s":{event.ack_wait_s!r},"reason":"{event.reason._value_}"}}\n'
+                    )
+            elif type(event) is Acked:
+                append(_ack(ts, c, event.seq, event.attempt))
             else:
-                self._append(
-                    f'{{"ts":{_now_ns() // 1000},"event":"deliver",{c.head}{e.seq}{c.tail}"attempt":{e.attempt},'
-                    f'"ack_wait_s":{e.ack_wait_s!r},"reason":"{e.reason._value_}"}}\n'
-                )
-        elif kind is Acked:
-            e = event
-            if e.attempt == 1:
-                self._append(f'{{"ts":{_now_ns() // 1000},{c.ack_head}{e.seq}{c.ack_first}')
-            else:
-                self._append(
-                    f'{{"ts":{_now_ns() // 1000},"event":"ack",{c.head}{e.seq}{c.tail}'
-                    f'"attempt":{e.attempt},"ack_wait_s":null,"reason":null}}\n'
-                )
-        else:
-            encode = _ENCODERS.get(kind)
-            if encode is not None:
-                self._append(encode(_now_ns() // 1000, c.head, c.tail, event))
+                encode = _ENCODERS.get(type(event))
+                if encode is not None:
+                    append(encode(ts, c.head, c.tail, event))
 
     def on_published(self, channel: str, first_seq: int, count: int, nbytes: int) -> None:
         self._append((time.time_ns() // 1000, channel, first_seq, count))
@@ -154,7 +161,7 @@ class EventLog:
         self._file.write(data)
         self._file.flush()
         self._file_size += len(data)
-        self.written += len(lines)
+        self.written += data.count(b"\n")  # a string may hold a run of lines
 
     # -- encoding ----------------------------------------------------------------------------------
 
@@ -189,6 +196,12 @@ class EventLog:
         return lines
 
 
+def _ack(ts: int, c: _SubLines, seq: int, attempt: int) -> str:
+    if attempt == 1:
+        return f'{{"ts":{ts},{c.ack_head}{seq}{c.ack_first}'
+    return f'{{"ts":{ts},"event":"ack",{c.head}{seq}{c.tail}"attempt":{attempt},"ack_wait_s":null,"reason":null}}\n'
+
+
 # The fields after `seq` of an event about no subscription (publish, server_start).
 _NO_SEQ = ',"sub":null,"group":null,"member":null,"attempt":null,"ack_wait_s":null,"reason":null}\n'
 
@@ -214,7 +227,7 @@ def _member(kind: str) -> Any:
     return encode
 
 
-# The rarer events (deliveries and acks are encoded in `EventLog.on_event` itself).
+# The rarer events (deliveries and acks are encoded in `EventLog.on_events` itself).
 _ENCODERS: dict[type, Any] = {
     AckTimedOut: _ack_timeout,
     DeadLettered: _dead_letter,

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import platform
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Iterator, Sequence
+from functools import partial
 from importlib import metadata
 
 from prometheus_client import CollectorRegistry, Info
@@ -21,9 +23,11 @@ from prometheus_client.utils import floatToGoString
 
 from streaming.core.engine import (
     Acked,
+    AckedRun,
     AckTimedOut,
     DeadLettered,
     Delivered,
+    DeliveredRun,
     Event,
     MemberJoined,
     MemberLeft,
@@ -77,12 +81,21 @@ class _Buckets:
         self.name, self.doc, self.labels, self.bounds = name, doc, list(labels), list(bounds)
         self.rows: dict[tuple[str, ...], list[float]] = {}  # per bucket (le), then +Inf, then the sum
 
-    def observe(self, key: tuple[str, ...], value: float) -> None:
+    def observe(self, key: tuple[str, ...], value: float, times: int = 1) -> None:
         row = self.rows.get(key)
         if row is None:
             row = self.rows[key] = [0.0] * (len(self.bounds) + 2)
-        row[bisect_left(self.bounds, value)] += 1
-        row[-1] += value
+        row[bisect_left(self.bounds, value)] += times
+        row[-1] += value * times
+
+    def observe_all(self, key: tuple[str, ...], values: Sequence[float]) -> None:
+        """`observe` of each value: the bucket of every value found and counted in C, not in a loop."""
+        row = self.rows.get(key)
+        if row is None:
+            row = self.rows[key] = [0.0] * (len(self.bounds) + 2)
+        for bucket, count in Counter(map(partial(bisect_left, self.bounds), values)).items():
+            row[bucket] += count
+        row[-1] += sum(values)
 
     def family(self) -> Metric:
         family = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
@@ -169,28 +182,41 @@ class Metrics:
     def on_commit(self, seconds: float, messages: int) -> None:
         self.commit.observe((), seconds)
 
-    # -- engine observer (once or twice per message: plain dict updates) -------------------------
+    # -- engine observer (a pass's events; a run of deliveries or acks counts in one step) ---------
 
-    def on_event(self, event: Event) -> None:
-        if type(event) is Delivered:
-            labels = event.sub.labels
-            key = self._delivery_keys.get((labels, event.reason))
-            if key is None:
-                key = self._delivery_keys[(labels, event.reason)] = (*labels, event.reason.value)
-            self.deliveries.add(key)
-            self.attempts.observe(labels, event.attempt)
-        elif type(event) is Acked:
-            labels = event.sub.labels
-            self.acks.add(labels)
-            self.ack_latency.observe(labels, event.pending_s)
-        elif type(event) is AckTimedOut:
-            self.ack_timeouts.add(event.sub.labels)
-        elif type(event) is DeadLettered:
-            self.dead_lettered.add(event.sub.labels)
-        elif type(event) is MemberJoined:
-            self.member_changes.add((event.sub.channel, event.sub.queue_group, "join"))
-        elif type(event) is MemberLeft:
-            self.member_changes.add((event.sub.channel, event.sub.queue_group, "leave"))
+    def on_events(self, events: Sequence[Event]) -> None:
+        for event in events:
+            if type(event) is DeliveredRun:
+                labels = event.sub.labels
+                count = len(event.seqs)
+                self.deliveries.add(self._delivery_key(labels, Reason.NEW), count)
+                self.attempts.observe(labels, 1, count)
+            elif type(event) is AckedRun:
+                labels = event.sub.labels
+                self.acks.add(labels, len(event.seqs))
+                self.ack_latency.observe_all(labels, event.pending_s)
+            elif type(event) is Delivered:
+                labels = event.sub.labels
+                self.deliveries.add(self._delivery_key(labels, event.reason))
+                self.attempts.observe(labels, event.attempt)
+            elif type(event) is Acked:
+                labels = event.sub.labels
+                self.acks.add(labels)
+                self.ack_latency.observe(labels, event.pending_s)
+            elif type(event) is AckTimedOut:
+                self.ack_timeouts.add(event.sub.labels)
+            elif type(event) is DeadLettered:
+                self.dead_lettered.add(event.sub.labels)
+            elif type(event) is MemberJoined:
+                self.member_changes.add((event.sub.channel, event.sub.queue_group, "join"))
+            elif type(event) is MemberLeft:
+                self.member_changes.add((event.sub.channel, event.sub.queue_group, "leave"))
+
+    def _delivery_key(self, labels: tuple[str, str], reason: Reason) -> tuple[str, ...]:
+        key = self._delivery_keys.get((labels, reason))
+        if key is None:
+            key = self._delivery_keys[(labels, reason)] = (*labels, reason.value)
+        return key
 
 
 class _Tallies(Collector):

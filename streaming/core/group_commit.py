@@ -231,11 +231,10 @@ class GroupCommit:
             pipeline.commit(batch, refused)
             return
         # A large batch goes to the thread so that parsing overlaps the fsync.
-        messages = pipeline.new_messages(accepted)
         started = time.perf_counter()
         outcome: AppendResult | StoreError
         try:
-            outcome = await trio.to_thread.run_sync(pipeline.append, messages)
+            outcome = await trio.to_thread.run_sync(pipeline.append, accepted)
         except StoreError as exc:
             outcome = exc
         with pipeline.outbound.holding():

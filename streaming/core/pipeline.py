@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from storage import AppendResult, ChannelError, Message, NewMessage, Store, StoreError, SubUpdate
+from storage import AppendResult, ChannelError, Message, Store, StoreError, SubUpdate
 from streaming.core import errors as texts
 from streaming.core.engine import DeadLetter, Engine, SubscribeRequest
 from streaming.core.errors import RequestError
@@ -205,7 +205,7 @@ class Pipeline:
             outcome: AppendResult | StoreError | None = None
             if accepted:
                 try:
-                    outcome = self.append(self.new_messages(accepted))
+                    outcome = self.append(accepted)
                 except StoreError as exc:
                     outcome = exc
             self.finish(batch, accepted, refused, outcome, started)
@@ -214,13 +214,10 @@ class Pipeline:
     def accepted(batch: list[Publish], refused: dict[str, Exception]) -> list[Publish]:
         return [p for p in batch if p.channel not in refused] if refused else batch
 
-    def append(self, messages: list[NewMessage]) -> AppendResult:
-        """The store append of a commit, stamped with the pipeline's wall clock (thread-safe)."""
-        return self.store.append(messages, now_unix_ns=self._wall_ns())
-
-    @staticmethod
-    def new_messages(accepted: list[Publish]) -> list[NewMessage]:
-        return [NewMessage(p.channel, p.data, p.reply) for p in accepted]
+    def append(self, accepted: list[Publish]) -> AppendResult:
+        """The store append of a commit, stamped with the pipeline's wall clock (thread-safe). The
+        publishes go to the store as they are (each is a `storage.MessageToAppend`)."""
+        return self.store.append(accepted, now_unix_ns=self._wall_ns())
 
     def finish(
         self,

@@ -25,7 +25,16 @@ from storage import (
     SubUpdate,
     net_effect,
 )
-from streaming.core.engine import DeadLetter, Delivery, Engine, Event, Reason, SubscribeRequest, dead_letter_payload
+from streaming.core.engine import (
+    DeadLetter,
+    Delivery,
+    Engine,
+    Event,
+    Reason,
+    SubscribeRequest,
+    dead_letter_payload,
+    per_message,
+)
 from streaming.core.outbound import Publish
 from streaming.core.pipeline import Pipeline, StateWriter
 from tests.engine.doors import RecordingDoor
@@ -49,8 +58,8 @@ class Recorder:
     def __init__(self) -> None:
         self.events: list[Event] = []
 
-    def on_event(self, event: Event) -> None:
-        self.events.append(event)
+    def on_events(self, events: Sequence[Event]) -> None:
+        self.events += per_message(events)
 
 
 class SyncWriter(StateWriter):

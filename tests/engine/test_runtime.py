@@ -20,7 +20,7 @@ from storage import (
     AppendResult,
     ClientRecord,
     MemoryStore,
-    NewMessage,
+    MessageToAppend,
     SaveClient,
     StoreFullError,
     SubOptions,
@@ -379,7 +379,7 @@ class RefusingStore(MemoryStore):
             raise StoreFullError("disk full (test)")
         super().apply(batch)
 
-    def append(self, messages: Sequence[NewMessage], now_unix_ns: int | None = None) -> AppendResult:
+    def append(self, messages: Sequence[MessageToAppend], now_unix_ns: int | None = None) -> AppendResult:
         if self.refusing_appends:
             self.refused += 1
             raise StoreFullError("disk full (test)")

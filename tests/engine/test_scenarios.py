@@ -25,7 +25,7 @@ from storage import (
     StartPosition,
     StoreLimits,
 )
-from streaming.core.engine import Reason, RequestError
+from streaming.core.engine import Reason, RequestError, reader
 from tests.engine.harness import Harness, S
 
 NEW, TIMEOUT, LEFT, RESTART, RESUME = (
@@ -201,29 +201,57 @@ class CountingStore(MemoryStore):
         return super().read(channel, start_seq, max_count)
 
 
-class _GetManyCountingStore(MemoryStore):
-    """A real memory store that counts the messages a redelivery pass asks it for."""
+class _ReadCountingStore(MemoryStore):
+    """A real memory store that counts the messages read from it, by backlog reads and by lookups."""
 
     asked = 0
+
+    def read(self, channel: str, start_seq: int, max_count: int) -> list[Message]:
+        found = super().read(channel, start_seq, max_count)
+        self.asked += len(found)
+        return found
 
     def get_many(self, channel: str, seqs: Sequence[int]) -> list[Message | None]:
         self.asked += len(seqs)
         return super().get_many(channel, seqs)
 
 
-def test_a_fan_out_redelivery_reads_each_message_once() -> None:
+def test_a_fan_out_reads_each_message_once() -> None:
     # A backlog in the store, delivered to 20 subscriptions and expiring everywhere at once: the
-    # first subscription's pass reads the 50 messages, the other 19 find them in the engine's cache.
-    store = _GetManyCountingStore()
+    # first subscription's read takes the 50 messages from the store; the other 19 subscriptions'
+    # reads and every redelivery find them in the engine's cache.
+    store = _ReadCountingStore()
     store.ensure_channel("foo")
     store.append([NewMessage("foo", b"m%d" % i) for i in range(50)])
     h = Harness(store)
     h.client()
     subs = [h.subscribe(ack_wait_s=1, start=StartPosition.FIRST) for _ in range(20)]
     assert all(len(h.seqs(sub)) == 50 for sub in subs)
+    assert store.asked == 50, f"{store.asked} messages read for 20 subscriptions of 50"
     h.advance(1)
     assert all(h.seqs(sub) == list(range(1, 51)) for sub in subs), "every copy redelivered"
     assert store.asked == 50, f"{store.asked} messages read back for 20 x 50 redeliveries"
+
+
+def test_a_cache_too_small_for_the_backlog_still_delivers_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two subscriptions drifting apart in a backlog larger than the cache: each still gets every
+    # message once, in order, whatever the cache dropped in between.
+    monkeypatch.setattr(reader, "_GENERATION", 16)
+    store = _ReadCountingStore()
+    store.ensure_channel("foo")
+    store.append([NewMessage("foo", b"m%d" % i) for i in range(200)])
+    h = Harness(store)
+    h.client()
+    first = h.subscribe(ack_wait_s=30, start=StartPosition.FIRST, max_inflight=20)
+    second = h.subscribe(ack_wait_s=30, start=StartPosition.FIRST, max_inflight=7)
+    got: dict[int, list[bytes]] = {first: [], second: []}
+    for _ in range(40):
+        for sub in (first, second):
+            batch = h.received.pop(sub, [])
+            got[sub] += [d.message.data for d in batch]
+            h.ack(sub, *(d.message.seq for d in batch))
+    assert got[first] == got[second] == [b"m%d" % i for i in range(200)]
+    assert store.asked > 200, "the cache was too small to serve the slower subscription"
 
 
 def test_one_stalled_member_does_not_stall_the_group() -> None:

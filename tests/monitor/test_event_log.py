@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from streaming.event_schema import EVENTS, FIELDS, problems
 from tests.monitor.traffic import AUDIT, DLQ_CHANNEL, ORDERS, scripted_run
@@ -101,10 +103,14 @@ def test_the_readme_documents_the_schema_as_it_is() -> None:
         assert f"`{event}` (" in readme, event
 
 
+def _lines(log: Any) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in "".join(log._encode(list(log._pending))).splitlines()]
+
+
 def test_cached_lines_follow_each_events_own_fields(tmp_path: Path) -> None:
     """The per-subscription fast path must not reuse a first delivery's AckWait, attempt or reason
-    for an event that differs from it."""
-    from streaming.core.engine import Acked, Delivered, Event, Reason, SubRef
+    for an event that differs from it, in a run or alone."""
+    from streaming.core.engine import Acked, AckedRun, Delivered, DeliveredRun, Event, Reason, SubRef
     from streaming.event_log import EventLog
 
     log = EventLog(tmp_path)
@@ -114,13 +120,14 @@ def test_cached_lines_follow_each_events_own_fields(tmp_path: Path) -> None:
         Acked(sub, 1, 1, 0.5),
         Delivered(sub, 2, 1, Reason.NEW, 5.0),  # AckWait changed on the same subscription
         Delivered(sub, 2, 2, Reason.ACK_TIMEOUT, 5.0),
-        Acked(sub, 2, 2, 0.1),
+        AckedRun(sub, [2], [2], [0.1]),
         Delivered(sub, 3, 1, Reason.MEMBER_LEFT, 5.0),
+        DeliveredRun(sub, [4, 5], 9.0),
+        AckedRun(sub, [4, 3, 5], [1, 2, 1], [0.1, 0.2, 0.3]),
     ]
-    for event in events:
-        log.on_event(event)
-    lines = [json.loads(line) for line in log._encode(list(log._pending))]
-    assert [problems(line) for line in lines] == [[]] * len(events)
+    log.on_events(events)
+    lines = _lines(log)
+    assert [problems(line) for line in lines] == [[]] * len(lines)
     got = [(r["event"], r["seq"], r["attempt"], r["ack_wait_s"], r["reason"], r["group"]) for r in lines]
     assert got == [
         ("deliver", 1, 1, 30.0, "new", "workers"),
@@ -129,4 +136,39 @@ def test_cached_lines_follow_each_events_own_fields(tmp_path: Path) -> None:
         ("deliver", 2, 2, 5.0, "ack_timeout", "workers"),
         ("ack", 2, 2, None, None, "workers"),
         ("deliver", 3, 1, 5.0, "member_left", "workers"),
+        ("deliver", 4, 1, 9.0, "new", "workers"),
+        ("deliver", 5, 1, 9.0, "new", "workers"),
+        ("ack", 4, 1, None, None, "workers"),
+        ("ack", 3, 2, None, None, "workers"),
+        ("ack", 5, 1, None, None, "workers"),
     ]
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["deliver", "ack"]),
+            st.integers(0, 2),  # which subscription
+            st.lists(st.tuples(st.integers(1, 10**12), st.integers(1, 3)), min_size=1, max_size=5),
+        ),
+        max_size=8,
+    )
+)
+def test_runs_are_logged_as_their_messages_would_be(script: list[tuple[str, int, list[tuple[int, int]]]]) -> None:
+    """A run of deliveries or acks writes exactly the lines its messages would, one by one, in order."""
+    from streaming.core.engine import AckedRun, DeliveredRun, Event, SubRef, per_message
+    from streaming.event_log import EventLog
+
+    subs = [SubRef("orders", 1, "a"), SubRef("orders", 2, "b", durable_name="d"), SubRef("x", 3, "c", queue_group="q")]
+    events: list[Event] = []
+    for kind, which, items in script:
+        seqs = [seq for seq, _ in items]
+        if kind == "deliver":
+            events.append(DeliveredRun(subs[which], seqs, 30.0))
+        else:
+            events.append(AckedRun(subs[which], seqs, [attempt for _, attempt in items], [0.5] * len(items)))
+    as_runs, one_by_one = EventLog(Path("unused")), EventLog(Path("unused"))
+    as_runs.on_events(events, _now_ns=lambda: 1_000_000)
+    one_by_one.on_events(list(per_message(events)), _now_ns=lambda: 1_000_000)
+    assert _lines(as_runs) == _lines(one_by_one)
+    assert len(_lines(as_runs)) == sum(len(items) for _, _, items in script)

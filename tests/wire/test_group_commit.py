@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from storage import AppendResult, NewMessage, StoreWriteError
+from storage import AppendResult, MessageToAppend, StoreWriteError
 from streaming.client import StanError, connect
 from tests.wire.servers import config, running
 
@@ -130,7 +130,7 @@ async def test_a_failed_commit_refuses_only_its_publishes(
         append = server.store.append
         failures = [failure]
 
-        def failing_once(messages: Sequence[NewMessage], now_unix_ns: int | None = None) -> AppendResult:
+        def failing_once(messages: Sequence[MessageToAppend], now_unix_ns: int | None = None) -> AppendResult:
             if failures:
                 raise failures.pop()
             return append(messages, now_unix_ns)

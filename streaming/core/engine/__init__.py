@@ -11,10 +11,12 @@ It imports no Trio, no LMDB and no metrics code (import-linter checks this); tim
 from streaming.core.engine.engine import Effects, Engine, dead_letter_payload
 from streaming.core.engine.events import (
     Acked,
+    AckedRun,
     AckTimedOut,
     DeadLetter,
     DeadLettered,
     Delivered,
+    DeliveredRun,
     Delivery,
     Event,
     ExpiredByLimit,
@@ -26,6 +28,7 @@ from streaming.core.engine.events import (
     SubscriptionClosed,
     SubscriptionCreated,
     SubscriptionRemoved,
+    per_message,
 )
 from streaming.core.engine.state import SubscribeRequest, SubscriptionView
 from streaming.core.errors import RequestError
@@ -33,9 +36,11 @@ from streaming.core.errors import RequestError
 __all__ = [
     "AckTimedOut",
     "Acked",
+    "AckedRun",
     "DeadLetter",
     "DeadLettered",
     "Delivered",
+    "DeliveredRun",
     "Delivery",
     "Effects",
     "Engine",
@@ -53,4 +58,5 @@ __all__ = [
     "SubscriptionRemoved",
     "SubscriptionView",
     "dead_letter_payload",
+    "per_message",
 ]

@@ -43,11 +43,12 @@ from storage.records import (
 )
 from streaming.core import errors
 from streaming.core.engine.events import (
-    Acked,
+    AckedRun,
     AckTimedOut,
     DeadLetter,
     DeadLettered,
     Delivered,
+    DeliveredRun,
     Delivery,
     Event,
     ExpiredByLimit,
@@ -100,6 +101,7 @@ class Engine:
         self._dead: list[DeadLetter] = []
         self._timers: set[int] = set()
         self._observers: list[Observer] = []
+        self._events: list[Event] = []  # for the observers, handed over by `take_effects`
 
     # -- outputs ---------------------------------------------------------------------------------
 
@@ -107,7 +109,7 @@ class Engine:
         self._observers.append(observer)
 
     def has_effects(self) -> bool:
-        return bool(self._to_pump or self._deliveries or self._dead or self._updates or self._timers)
+        return bool(self._to_pump or self._deliveries or self._dead or self._updates or self._timers or self._events)
 
     def take_effects(self) -> Effects:
         """Everything queued since the last call, in one record (see the module docstring); first the
@@ -116,6 +118,12 @@ class Engine:
             self._pump_acked()
         effects = Effects(self._deliveries, self._dead, self._updates, self._timers)
         self._deliveries, self._dead, self._updates, self._timers = [], [], [], set()
+        if self._events:
+            # Observers hear what a pass did in one call, runs as one event each: per message, a
+            # call and an event object for each observer cost as much as the delivery itself.
+            events, self._events = self._events, []
+            for observer in self._observers:
+                observer.on_events(events)
         return effects
 
     def _pump_acked(self) -> None:
@@ -130,8 +138,7 @@ class Engine:
         self._timers.add(sub_id)
 
     def _emit(self, event: Event) -> None:
-        for observer in self._observers:
-            observer.on_event(event)
+        self._events.append(event)
 
     # -- queries -----------------------------------------------------------------------------------
 
@@ -449,7 +456,15 @@ class Engine:
         attempt, delivered_at = removed
         self._updates.append(ClearPending(owner.record.sub_id, seq))
         if self._observers:
-            self._emit(Acked(owner.ref, seq, attempt, now - delivered_at if delivered_at >= 0 else 0.0))
+            pending_s = now - delivered_at if delivered_at >= 0 else 0.0
+            events = self._events
+            last = events[-1] if events else None
+            if type(last) is AckedRun and last.sub is owner.ref:  # the next ack of a run (one read's)
+                last.seqs.append(seq)
+                last.attempts.append(attempt)
+                last.pending_s.append(pending_s)
+            else:
+                events.append(AckedRun(owner.ref, [seq], [attempt], [pending_s]))
         self._timers.add(owner.record.sub_id)
         if owner.online:
             # Filled at the next `take_effects`: a burst of acks read together costs one pump of the
@@ -467,7 +482,8 @@ class Engine:
         return True
 
     def _owner(self, sub: Sub, seq: int) -> Sub | None:
-        """Who has `seq` pending: the subscription, or for a queue member any member (PR #654)."""
+        """Who has `seq` pending: the subscription, or for a queue member any member of its group (a
+        message redistributed to another member may still be acked by the one it was first sent to)."""
         if seq in sub.pending:
             return sub
         if sub.group is not None:
@@ -606,9 +622,8 @@ class Engine:
             if not batch:
                 sub.last_sent = info.last_seq  # the rest was evicted
                 break
-            for message in batch:
-                self._send(sub, message, 1, Reason.NEW, now)
-                sub.last_sent = message.seq
+            self._send_first(sub, batch, now)
+            sub.last_sent = batch[-1].seq
         if sub.last_sent != start:
             self._updates.append(SetLastSent(sub.record.sub_id, sub.last_sent))
 
@@ -668,6 +683,20 @@ class Engine:
         self._timers.add(sub.record.sub_id)
         if self._observers:
             self._emit(Delivered(sub.ref, message.seq, attempt, reason, delay))
+
+    def _send_first(self, sub: Sub, messages: Sequence[Message], now: float) -> None:
+        """`_send` of each message, all on their first attempt to one subscription: a backlog read is
+        sent in one step (one delay, one deadline, one timer mark), not a call per message."""
+        delay = sub.delay(1)
+        sub_id, inbox = sub.record.sub_id, sub.record.inbox
+        seqs = [m.seq for m in messages]
+        sub.pending.sent_first_many(seqs, delay, now + delay)
+        self._updates += [SetPending(sub_id, seq, 1, True) for seq in seqs]
+        new = Reason.NEW
+        self._deliveries += [Delivery(sub_id, inbox, m, 1, new) for m in messages]
+        self._timers.add(sub_id)
+        if self._observers:
+            self._events.append(DeliveredRun(sub.ref, seqs, delay))
 
     def _dead_letter(self, sub: Sub, message: Message, attempts: int) -> None:
         record = sub.record

@@ -7,6 +7,7 @@ Metrics and the event log subscribe as observers; the engine imports neither.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 import attrs
@@ -86,12 +87,35 @@ class Delivered:
     ack_wait_s: float
 
 
+@attrs.define(slots=True)
+class DeliveredRun:
+    """First deliveries of a backlog read to one subscription (attempt 1, reason NEW), in order: one
+    event for what one engine step sent, not one per message."""
+
+    sub: SubRef
+    seqs: list[int]
+    ack_wait_s: float
+
+
 @attrs.define(slots=True)  # not frozen: one per message, and frozen classes cost twice as much
 class Acked:
+    """One ack, as `per_message` spells out an `AckedRun` (the engine reports acks in runs)."""
+
     sub: SubRef
     seq: int
     attempt: int
     pending_s: float  # since the delivery that was acked
+
+
+@attrs.define(slots=True)
+class AckedRun:
+    """Acks one subscription's client sent in a row (one read's worth): per ack its sequence, its
+    attempt and how long it was pending since the delivery acked."""
+
+    sub: SubRef
+    seqs: list[int]
+    attempts: list[int]
+    pending_s: list[float]
 
 
 @attrs.frozen(slots=True)
@@ -147,7 +171,9 @@ class SubscriptionRemoved:
 
 Event = (
     Delivered
+    | DeliveredRun
     | Acked
+    | AckedRun
     | AckTimedOut
     | ExpiredByLimit
     | DeadLettered
@@ -160,4 +186,22 @@ Event = (
 
 
 class Observer(Protocol):
-    def on_event(self, event: Event) -> None: ...
+    def on_events(self, events: Sequence[Event]) -> None:
+        """What one engine pass did, in order. Runs of first deliveries and of acks come as one event
+        each (`DeliveredRun`, `AckedRun`), so that an observer can count them in one step;
+        `per_message` spells them out for one that wants an event per message."""
+
+
+def per_message(events: Sequence[Event]) -> Iterator[Event]:
+    """The events with every run spelled out as one `Delivered` or `Acked` per message, in order."""
+    for event in events:
+        if type(event) is DeliveredRun:
+            sub, wait = event.sub, event.ack_wait_s
+            for seq in event.seqs:
+                yield Delivered(sub, seq, 1, Reason.NEW, wait)
+        elif type(event) is AckedRun:
+            sub = event.sub
+            for seq, attempt, pending in zip(event.seqs, event.attempts, event.pending_s, strict=True):
+                yield Acked(sub, seq, attempt, pending)
+        else:
+            yield event

@@ -80,6 +80,14 @@ class PendingSet:
         lane[seq] = deadline
         self._size += 1
 
+    def sent_first_many(self, seqs: list[int], delay: float, deadline: float) -> None:
+        """`sent_first` of each of `seqs`, all sent at once."""
+        lane = self._lanes.get(delay)
+        if lane is None:
+            lane = self._lanes[delay] = {}
+        lane.update(dict.fromkeys(seqs, deadline))
+        self._size += len(seqs)
+
     def add_due(self, seq: int, attempt: int, reason: Reason) -> None:
         """Make `seq` pending and due now (it keeps its attempt count)."""
         if seq not in self._due and not self._drop_from_lanes(seq):
