@@ -59,15 +59,14 @@ class _SubLines:
 
 
 class EventLog:
-    def __init__(self, directory: Path, *, rotate_bytes: int = 64 * 1024 * 1024, interval: float = 0.2) -> None:
+    def __init__(self, directory: Path, *, rotate_bytes: int = 64 * 1024 * 1024, interval: float = 0.05) -> None:
         self.directory = directory
         self.rotate_bytes = rotate_bytes
         self.interval = interval
-        self._pending: list[str | tuple[int, str, int, int]] = []  # lines, and publish runs
+        self._pending: list[bytes | tuple[int, str, int, int]] = []  # lines, and publish runs
+        self._lines = 0  # lines in `_pending`
         self._quoted: dict[str, str] = {}
         self._subs: dict[int, _SubLines] = {}  # by id(SubRef)
-        # Bound once: flush() keeps the list.
-        self._append = self._pending.append
         self._sub_lines = self._subs.get
         self._file: IO[bytes] | None = None
         self._file_size = 0
@@ -84,7 +83,9 @@ class EventLog:
         # first deliveries, is one string: its lines differ only in `seq`, so they are the
         # subscription's cached prefix and suffix joined around the sequences, in C.
         ts = _now_ns() // 1000
-        append = self._append
+        out: list[str] = []
+        append = out.append
+        lines = 0
         for event in events:
             sub = event.sub
             c = self._sub_lines(id(sub))
@@ -95,12 +96,14 @@ class EventLog:
                     c.set_ack_wait(event.ack_wait_s)
                 start = f'{{"ts":{ts},{c.deliver_head}'
                 append(start + (c.deliver_first + start).join(map(str, event.seqs)) + c.deliver_first)
+                lines += len(event.seqs) - 1
             elif type(event) is AckedRun:
-                if event.attempts.count(1) == len(event.attempts):
+                lines += len(event.seqs) - 1
+                if event.first_attempts:
                     start = f'{{"ts":{ts},{c.ack_head}'
                     append(start + (c.ack_first + start).join(map(str, event.seqs)) + c.ack_first)
                 else:
-                    for seq, attempt in zip(event.seqs, event.attempts, strict=True):
+                    for seq, attempt in zip(event.seqs, event.attempts(), strict=True):
                         append(_ack(ts, c, seq, attempt))
             elif type(event) is Delivered:
                 if event.attempt == 1 and event.reason is _NEW:
@@ -116,11 +119,18 @@ class EventLog:
                 append(_ack(ts, c, event.seq, event.attempt))
             else:
                 encode = _ENCODERS.get(type(event))
-                if encode is not None:
-                    append(encode(ts, c.head, c.tail, event))
+                if encode is None:
+                    continue
+                append(encode(ts, c.head, c.tail, event))
+            lines += 1
+        # Bytes, one chunk per pass: the writer thread hands them to the file as they are, so it
+        # holds the interpreter lock for no join or encode of its own.
+        self._pending.append("".join(out).encode())
+        self._lines += lines
 
     def on_published(self, channel: str, first_seq: int, count: int, nbytes: int) -> None:
-        self._append((time.time_ns() // 1000, channel, first_seq, count))
+        self._pending.append((time.time_ns() // 1000, channel, first_seq, count))
+        self._lines += count
 
     def on_commit(self, seconds: float, messages: int) -> None:
         pass
@@ -130,7 +140,7 @@ class EventLog:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await trio.to_thread.run_sync(lambda: self.directory.mkdir(parents=True, exist_ok=True))
         start = f'{{"ts":{time.time_ns() // 1000},"event":"server_start","channel":null,"seq":null{_NO_SEQ}'
-        await trio.to_thread.run_sync(self._write_lines, [start])
+        await trio.to_thread.run_sync(self._write, [start.encode()], 1)
         task_status.started()
         try:
             while True:
@@ -143,14 +153,13 @@ class EventLog:
                     await trio.to_thread.run_sync(self._file.close)
 
     async def flush(self) -> None:
-        batch = self._pending.copy()
+        batch, lines = self._pending.copy(), self._lines
         self._pending.clear()
+        self._lines = 0
         if batch:
-            lines = self._encode(batch)
-            await trio.to_thread.run_sync(self._write_lines, lines)
+            await trio.to_thread.run_sync(self._write, self._encode(batch), lines)
 
-    def _write_lines(self, lines: list[str]) -> None:
-        data = "".join(lines).encode()
+    def _write(self, chunks: list[bytes], lines: int) -> None:
         if self._file is None or self._file_size >= self.rotate_bytes:
             if self._file is not None:
                 self._file.close()
@@ -158,10 +167,10 @@ class EventLog:
             path = self.directory / f"events-{self._stamp}-{self._files:06d}.jsonl"
             self._file = path.open("ab")
             self._file_size = 0
-        self._file.write(data)
+        self._file.writelines(chunks)
         self._file.flush()
-        self._file_size += len(data)
-        self.written += data.count(b"\n")  # a string may hold a run of lines
+        self._file_size += sum(map(len, chunks))
+        self.written += lines
 
     # -- encoding ----------------------------------------------------------------------------------
 
@@ -183,17 +192,17 @@ class EventLog:
             quoted = self._quoted[text] = json.dumps(text)
         return quoted
 
-    def _encode(self, batch: list[str | tuple[int, str, int, int]]) -> list[str]:
-        lines: list[str] = []
+    def _encode(self, batch: list[bytes | tuple[int, str, int, int]]) -> list[bytes]:
+        out: list[bytes] = []
         q = self._q
         for item in batch:
-            if isinstance(item, str):
-                lines.append(item)
+            if isinstance(item, bytes):
+                out.append(item)
             else:
                 ts, channel, first, count = item
                 head = f'{{"ts":{ts},"event":"publish","channel":{q(channel)},"seq":'
-                lines += [f"{head}{seq}{_NO_SEQ}" for seq in range(first, first + count)]
-        return lines
+                out.append((head + (_NO_SEQ + head).join(map(str, range(first, first + count))) + _NO_SEQ).encode())
+        return out
 
 
 def _ack(ts: int, c: _SubLines, seq: int, attempt: int) -> str:

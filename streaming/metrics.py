@@ -194,7 +194,7 @@ class Metrics:
             elif type(event) is AckedRun:
                 labels = event.sub.labels
                 self.acks.add(labels, len(event.seqs))
-                self.ack_latency.observe_all(labels, event.pending_s)
+                self.ack_latency.observe_all(labels, event.pending_s())
             elif type(event) is Delivered:
                 labels = event.sub.labels
                 self.deliveries.add(self._delivery_key(labels, event.reason))

@@ -104,7 +104,7 @@ def test_the_readme_documents_the_schema_as_it_is() -> None:
 
 
 def _lines(log: Any) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in "".join(log._encode(list(log._pending))).splitlines()]
+    return [json.loads(line) for line in b"".join(log._encode(list(log._pending))).splitlines()]
 
 
 def test_cached_lines_follow_each_events_own_fields(tmp_path: Path) -> None:
@@ -120,10 +120,10 @@ def test_cached_lines_follow_each_events_own_fields(tmp_path: Path) -> None:
         Acked(sub, 1, 1, 0.5),
         Delivered(sub, 2, 1, Reason.NEW, 5.0),  # AckWait changed on the same subscription
         Delivered(sub, 2, 2, Reason.ACK_TIMEOUT, 5.0),
-        AckedRun(sub, [2], [2], [0.1]),
+        AckedRun(sub, 1.0, [2], [(2, 0.9)], first_attempts=False),
         Delivered(sub, 3, 1, Reason.MEMBER_LEFT, 5.0),
         DeliveredRun(sub, [4, 5], 9.0),
-        AckedRun(sub, [4, 3, 5], [1, 2, 1], [0.1, 0.2, 0.3]),
+        AckedRun(sub, 1.0, [4, 3, 5], [(1, 0.9), (2, 0.8), (1, 0.7)], first_attempts=False),
     ]
     log.on_events(events)
     lines = _lines(log)
@@ -166,9 +166,10 @@ def test_runs_are_logged_as_their_messages_would_be(script: list[tuple[str, int,
         if kind == "deliver":
             events.append(DeliveredRun(subs[which], seqs, 30.0))
         else:
-            events.append(AckedRun(subs[which], seqs, [attempt for _, attempt in items], [0.5] * len(items)))
+            acked = [(attempt, 0.5) for _, attempt in items]
+            events.append(AckedRun(subs[which], 1.0, seqs, acked, all(a == 1 for a, _ in acked)))
     as_runs, one_by_one = EventLog(Path("unused")), EventLog(Path("unused"))
     as_runs.on_events(events, _now_ns=lambda: 1_000_000)
     one_by_one.on_events(list(per_message(events)), _now_ns=lambda: 1_000_000)
     assert _lines(as_runs) == _lines(one_by_one)
-    assert len(_lines(as_runs)) == sum(len(items) for _, _, items in script)
+    assert len(_lines(as_runs)) == sum(len(items) for _, _, items in script) == as_runs._lines

@@ -102,6 +102,7 @@ class Engine:
         self._timers: set[int] = set()
         self._observers: list[Observer] = []
         self._events: list[Event] = []  # for the observers, handed over by `take_effects`
+        self._ack_run: AckedRun | None = None  # the last of `_events`, if acks are being added to it
 
     # -- outputs ---------------------------------------------------------------------------------
 
@@ -121,7 +122,7 @@ class Engine:
         if self._events:
             # Observers hear what a pass did in one call, runs as one event each: per message, a
             # call and an event object for each observer cost as much as the delivery itself.
-            events, self._events = self._events, []
+            events, self._events, self._ack_run = self._events, [], None
             for observer in self._observers:
                 observer.on_events(events)
         return effects
@@ -139,6 +140,7 @@ class Engine:
 
     def _emit(self, event: Event) -> None:
         self._events.append(event)
+        self._ack_run = None
 
     # -- queries -----------------------------------------------------------------------------------
 
@@ -453,23 +455,23 @@ class Engine:
             removed = owner.pending.remove(seq)
             assert removed is not None
         assert owner is not None
-        attempt, delivered_at = removed
-        self._updates.append(ClearPending(owner.record.sub_id, seq))
+        owner_id = owner.record.sub_id
+        self._updates.append(ClearPending(owner_id, seq))
         if self._observers:
-            pending_s = now - delivered_at if delivered_at >= 0 else 0.0
-            events = self._events
-            last = events[-1] if events else None
-            if type(last) is AckedRun and last.sub is owner.ref:  # the next ack of a run (one read's)
-                last.seqs.append(seq)
-                last.attempts.append(attempt)
-                last.pending_s.append(pending_s)
+            run = self._ack_run
+            if run is not None and run.sub is owner.ref:  # the next ack of a run (one read's)
+                run.seqs.append(seq)
+                run.acked.append(removed)
             else:
-                events.append(AckedRun(owner.ref, [seq], [attempt], [pending_s]))
-        self._timers.add(owner.record.sub_id)
+                self._ack_run = run = AckedRun(owner.ref, now, [seq], [removed])
+                self._events.append(run)
+            if removed[0] != 1:
+                run.first_attempts = False
+        self._timers.add(owner_id)
         if owner.online:
             # Filled at the next `take_effects`: a burst of acks read together costs one pump of the
             # subscription (one store read, one position update), not one per ack.
-            self._to_pump[owner.record.sub_id] = now
+            self._to_pump[owner_id] = now
         return True
 
     def ack_progress(self, sub_id: int, seq: int, now: float) -> bool:
@@ -696,7 +698,7 @@ class Engine:
         self._deliveries += [Delivery(sub_id, inbox, m, 1, new) for m in messages]
         self._timers.add(sub_id)
         if self._observers:
-            self._events.append(DeliveredRun(sub.ref, seqs, delay))
+            self._emit(DeliveredRun(sub.ref, seqs, delay))
 
     def _dead_letter(self, sub: Sub, message: Message, attempts: int) -> None:
         record = sub.record

@@ -109,13 +109,23 @@ class Acked:
 
 @attrs.define(slots=True)
 class AckedRun:
-    """Acks one subscription's client sent in a row (one read's worth): per ack its sequence, its
-    attempt and how long it was pending since the delivery acked."""
+    """Acks of one subscription that arrived in a row (one read's worth), from `at` (the clock at the
+    first): per ack its sequence and (attempt, clock time of the delivery acked, or -1.0 if it was
+    waiting to be redelivered). The engine only appends to it; `attempts` and `pending_s` spell it out."""
 
     sub: SubRef
+    at: float
     seqs: list[int]
-    attempts: list[int]
-    pending_s: list[float]
+    acked: list[tuple[int, float]]
+    first_attempts: bool = True  # every ack is of a first delivery
+
+    def attempts(self) -> list[int]:
+        return [attempt for attempt, _ in self.acked]
+
+    def pending_s(self) -> list[float]:
+        """Per ack, how long its message was pending (since the delivery acked; 0 if none was)."""
+        at = self.at
+        return [at - delivered if delivered >= 0 else 0.0 for _, delivered in self.acked]
 
 
 @attrs.frozen(slots=True)
@@ -201,7 +211,7 @@ def per_message(events: Sequence[Event]) -> Iterator[Event]:
                 yield Delivered(sub, seq, 1, Reason.NEW, wait)
         elif type(event) is AckedRun:
             sub = event.sub
-            for seq, attempt, pending in zip(event.seqs, event.attempts, event.pending_s, strict=True):
+            for seq, attempt, pending in zip(event.seqs, event.attempts(), event.pending_s(), strict=True):
                 yield Acked(sub, seq, attempt, pending)
         else:
             yield event
