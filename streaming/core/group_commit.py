@@ -90,8 +90,9 @@ class GroupCommit:
         self._shared_at = -_SHARED_WINDOW_S  # when the latest publish came from another origin
         self.inline_commits = 0
 
-    def submit(self, publish: Publish) -> None:
-        """Queue a publish; committed at the end of the current input span, or by the task."""
+    def submit(self, publish: Publish) -> bool:
+        """Queue a publish; committed at the end of the current input span, or by the task. False when
+        the queue is past its high water: wait for `wait_room` before accepting more."""
         self._queue.append(publish)
         self._submitted += 1
         if publish.ack_to != self._last_origin:
@@ -102,6 +103,8 @@ class GroupCommit:
             self._work.set()
         if len(self._queue) >= self._high_water and self._room.is_set():
             self._room = trio.Event()
+            return False
+        return self._room.is_set()
 
     def span_started(self) -> None:
         self._in_span = True

@@ -140,8 +140,7 @@ class Core:
         """Queue a publish for the next group commit; its origin hears the outcome. Returns an
         awaitable when the commit queue is full (await it before reading on: back-pressure)."""
         commit = self.group_commit
-        commit.submit(publish)
-        return None if commit.has_room() else commit.wait_room()
+        return None if commit.submit(publish) else commit.wait_room()
 
     async def flush_publishes(self) -> None:
         """Wait until every publish submitted so far is committed and acknowledged."""

@@ -25,6 +25,7 @@ class StanOutbound:
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
         self._msg = pb.MsgProto()
+        self._pub_ack = pb.PubAck()
 
     def deliver(self, deliveries: Sequence[Delivery]) -> None:
         # A pass of the engine mostly sends runs of messages to one inbox (a backlog, a redelivery
@@ -63,13 +64,18 @@ class StanOutbound:
 
     def published(self, publishes: Sequence[Publish], errors: dict[int, Exception]) -> None:
         acks: dict[str, list[bytes]] = {}  # per ack inbox (one per client), in order
-        pub_ack = pb.PubAck()  # one message re-filled per publish: half the cost of a new one each
+        pub_ack = self._pub_ack  # one message re-filled per publish: half the cost of a new one each
+        serialize = pub_ack.SerializeToString
+        text = pub_ack.error = ""  # what `pub_ack` holds, tracked here: reading a field back costs too
         for p in publishes:
             if p.ack_to:
                 pub_ack.guid = p.guid
-                error = errors.get(id(p)) if errors else None
-                pub_ack.error = "" if error is None else error_text(error)
-                ack = pub_ack.SerializeToString()
+                if errors:
+                    error = errors.get(id(p))
+                    wanted = "" if error is None else error_text(error)
+                    if wanted != text:
+                        text = pub_ack.error = wanted
+                ack = serialize()
                 subject_acks = acks.get(p.ack_to)
                 if subject_acks is None:
                     acks[p.ack_to] = [ack]

@@ -193,13 +193,15 @@ class StanServer:
         except InvalidRequest as exc:
             self._respond(reply, pb.PubAck(guid=exc.guid, error=str(exc)))
             return None
-        if not (message.connID in self.clients.by_conn_id if message.connID else message.clientID in self.clients):
+        conn_id = message.connID  # each field is read once: a read builds a new object each time
+        if not (conn_id in self.clients.by_conn_id if conn_id else message.clientID in self.clients):
             self._respond(reply, pb.PubAck(guid=message.guid, error=errors.INVALID_PUBLISH))
             return None
-        if message.subject in self._pipeline.deleting:
+        channel = message.subject
+        if channel in self._pipeline.deleting:
             self._respond(reply, pb.PubAck(guid=message.guid, error=errors.CHANNEL_BEING_DELETED))
             return None
-        return self._publish(Publish(message.subject, message.data, message.reply, message.guid, reply, self.outbound))
+        return self._publish(Publish(channel, message.data, message.reply, message.guid, reply, self.outbound))
 
     def _on_ack(self, subject: str, reply: str, payload: bytes) -> None:
         pipeline = self._pipeline

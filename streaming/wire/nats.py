@@ -170,6 +170,24 @@ class _Parser:
     def _fast_event(self, groups: tuple[bytes, ...], payload: bytes) -> Event:
         raise NotImplementedError
 
+    def _fast_message(self, buf: bytearray, pos: int) -> tuple[Event, int] | None:
+        """The message operation at `pos` as every peer writes it (single spaces, CRLF) with its payload
+        already buffered, and where the next operation starts; None for anything else (every error
+        included), which the general path then parses. One regex call."""
+        match = self._fast.match(buf, pos)
+        if match is None:
+            return None
+        groups = match.groups(b"")
+        start = match.end()
+        size = int(groups[-1])
+        end = start + size
+        if start - pos - 2 > self.max_control_line or size > self.max_payload or buf[end : end + 2] != b"\r\n":
+            return None
+        try:
+            return self._fast_event(groups, bytes(buf[start:end])), end + 2
+        except UnicodeDecodeError:
+            return None  # the general path reports it
+
     def __init__(self, max_payload: int, max_control_line: int) -> None:
         self.max_payload = max_payload
         self.max_control_line = max_control_line
@@ -196,27 +214,10 @@ class _Parser:
     def next_event(self) -> Event | _NeedData:
         buf = self._buf
         if self._payload is None:
-            # The message operation as every peer writes it (single spaces, CRLF) with its payload
-            # already buffered: one regex call. Anything else, every error included, takes the general
-            # path below.
-            match = self._fast.match(buf, self._pos)
-            if match is not None:
-                groups = match.groups(b"")
-                start = match.end()
-                size = int(groups[-1])
-                end = start + size
-                if (
-                    start - self._pos - 2 <= self.max_control_line
-                    and size <= self.max_payload
-                    and buf[end : end + 2] == b"\r\n"
-                ):
-                    try:
-                        event = self._fast_event(groups, bytes(buf[start:end]))
-                    except UnicodeDecodeError:
-                        pass  # the general path reports it
-                    else:
-                        self._pos = end + 2
-                        return event
+            found = self._fast_message(buf, self._pos)
+            if found is not None:
+                event, self._pos = found
+                return event
         else:
             header, size = self._payload
             end = self._pos + size
@@ -269,10 +270,33 @@ class _Parser:
 class ServerConnection(_Parser):
     """The server's side of one client connection: parses client operations."""
 
-    _fast = re.compile(rb"PUB ([^\s]+) (?:([^\s]+) )?(\d+)\r\n")
-
-    def _fast_event(self, groups: tuple[bytes, ...], payload: bytes) -> Event:
-        return Pub(groups[0].decode(), groups[1].decode(), payload)
+    def _fast_message(self, buf: bytearray, pos: int) -> tuple[Event, int] | None:
+        # A PUB found and split by bytes methods rather than a regex: a third less per message, and
+        # every publish and every ack is one. The result is what the general path makes of the same
+        # line (it splits on any whitespace too); all else goes there.
+        if not buf.startswith(b"PUB ", pos):
+            return None
+        nl = buf.find(b"\n", pos, pos + self.max_control_line + 1)
+        if nl < 0 or buf[nl - 1] != 13:  # 13: \r
+            return None
+        args = buf[pos + 4 : nl - 1].split()
+        reply: bytes | bytearray
+        if len(args) == 2:
+            subject, reply, size_text = args[0], b"", args[1]
+        elif len(args) == 3:
+            subject, reply, size_text = args
+        else:
+            return None
+        if not size_text.isdigit():
+            return None
+        start = nl + 1
+        end = start + int(size_text)
+        if end - start > self.max_payload or buf[end : end + 2] != b"\r\n":
+            return None
+        try:
+            return Pub(subject.decode(), reply.decode(), bytes(buf[start:end])), end + 2
+        except UnicodeDecodeError:
+            return None
 
     def __init__(self, max_payload: int = MAX_PAYLOAD, max_control_line: int = MAX_CONTROL_LINE) -> None:
         super().__init__(max_payload, max_control_line)
