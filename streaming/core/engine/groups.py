@@ -44,6 +44,21 @@ class Group:
             self.members.append(self.members.pop(0))
         return best
 
+    def pick_new(self, failed: list[Sub]) -> Sub | None:
+        """`pick(for_new=True)` with the members failing heartbeats given: the same choice."""
+        best: Sub | None = None
+        fewest = 0
+        for member in self.members:
+            pending = member.pending
+            size = len(pending)
+            if size >= member.record.max_inflight or pending.due_count or member in failed:
+                continue
+            if best is None or size < fewest:
+                best, fewest = member, size
+        if best is not None and best is self.members[0] and len(self.members) > 1:
+            self.members.append(self.members.pop(0))
+        return best
+
 
 def group_key(request_durable: str, queue_group: str) -> str:
     return f"{request_durable}:{queue_group}" if request_durable else queue_group
