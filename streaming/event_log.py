@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -94,14 +94,12 @@ class EventLog:
             if type(event) is DeliveredRun:
                 if event.ack_wait_s != c.ack_wait_s:
                     c.set_ack_wait(event.ack_wait_s)
-                start = f'{{"ts":{ts},{c.deliver_head}'
-                append(start + (c.deliver_first + start).join(map(str, event.seqs)) + c.deliver_first)
+                append(_joined(f'{{"ts":{ts},{c.deliver_head}', event.seqs, c.deliver_first))
                 lines += len(event.seqs) - 1
             elif type(event) is AckedRun:
                 lines += len(event.seqs) - 1
                 if event.first_attempts:
-                    start = f'{{"ts":{ts},{c.ack_head}'
-                    append(start + (c.ack_first + start).join(map(str, event.seqs)) + c.ack_first)
+                    append(_joined(f'{{"ts":{ts},{c.ack_head}', event.seqs, c.ack_first))
                 else:
                     for seq, attempt in zip(event.seqs, event.attempts(), strict=True):
                         append(_ack(ts, c, seq, attempt))
@@ -125,8 +123,9 @@ class EventLog:
             lines += 1
         # Bytes, one chunk per pass: the writer thread hands them to the file as they are, so it
         # holds the interpreter lock for no join or encode of its own.
-        self._pending.append("".join(out).encode())
-        self._lines += lines
+        if out:
+            self._pending.append("".join(out).encode())
+            self._lines += lines
 
     def on_published(self, channel: str, first_seq: int, count: int, nbytes: int) -> None:
         self._pending.append((time.time_ns() // 1000, channel, first_seq, count))
@@ -201,8 +200,13 @@ class EventLog:
             else:
                 ts, channel, first, count = item
                 head = f'{{"ts":{ts},"event":"publish","channel":{q(channel)},"seq":'
-                out.append((head + (_NO_SEQ + head).join(map(str, range(first, first + count))) + _NO_SEQ).encode())
+                out.append(_joined(head, range(first, first + count), _NO_SEQ).encode())
         return out
+
+
+def _joined(head: str, seqs: Iterable[int], tail: str) -> str:
+    """One line per sequence, each `head`, the sequence, `tail` (which ends the line): joined in C."""
+    return head + (tail + head).join(map(str, seqs)) + tail
 
 
 def _ack(ts: int, c: _SubLines, seq: int, attempt: int) -> str:

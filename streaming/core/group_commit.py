@@ -134,9 +134,6 @@ class GroupCommit:
             self._pipeline.refuse(queue)
         self._done(queue)
 
-    def has_room(self) -> bool:
-        return self._room.is_set()
-
     async def wait_room(self) -> None:
         await self._room.wait()
 

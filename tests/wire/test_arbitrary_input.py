@@ -87,14 +87,23 @@ def test_stan_requests_take_any_bytes(parse: Callable[[bytes], object], payload:
         assert str(exc), "a refusal names the problem"
 
 
-class _GeneralPathOnly(p.ServerConnection):
+class _ServerGeneralPathOnly(p.ServerConnection):
     """The server-side parser without its fast path for PUB: what every input must parse to."""
 
     def _fast_message(self, buf: bytearray, pos: int) -> tuple[p.Event, int] | None:
         return None
 
 
-def _outcome(conn: p.ServerConnection, data: bytes, cuts: list[int]) -> tuple[list[object], str | None]:
+class _ClientGeneralPathOnly(p.ClientConnection):
+    """The client-side parser without its fast path for MSG."""
+
+    def _fast_message(self, buf: bytearray, pos: int) -> tuple[p.Event, int] | None:
+        return None
+
+
+def _outcome(
+    conn: p.ServerConnection | p.ClientConnection, data: bytes, cuts: list[int]
+) -> tuple[list[object], str | None]:
     events: list[object] = []
     bounds = [0, *sorted({c % (len(data) + 1) for c in cuts}), len(data)]
     try:
@@ -107,43 +116,65 @@ def _outcome(conn: p.ServerConnection, data: bytes, cuts: list[int]) -> tuple[li
     return events, None
 
 
-PUBLISHISH = [b"PUB ", b"PUB  ", b"pub ", b"\r\n", b"\n", b"\r", b" ", b"\t", b"foo", b"_INBOX.x", b"0", b"3"]
-PUBLISHISH += [b"12", b"99999999", b"+1", b"1_0", b"\xff", b"\xc3\xa9", b"hey"]
+PUBLISHISH = [b"PUB ", b"PUB  ", b"pub ", b"MSG ", b"\r\n", b"\n", b"\r", b" ", b"\t", b"foo", b"_INBOX.x", b"0"]
+PUBLISHISH += [b"3", b"12", b"99999999", b"+1", b"1_0", b"\xff", b"\xc3\xa9", b"hey"]
 publishish = st.lists(st.one_of(st.sampled_from(PUBLISHISH), st.binary(max_size=4)), max_size=30).map(b"".join)
 
 
 @st.composite
-def pub_frames(draw: st.DrawFn) -> bytes:
-    """Publishes as clients write them, and near misses: a wrong size, other spacing, a lone LF,
-    bytes that are not UTF-8, payloads past the limit."""
+def message_frames(draw: st.DrawFn, verb: bytes, fields: int) -> bytes:
+    """Messages as peers write them (PUB from clients, MSG from the server), and near misses: a wrong
+    size, other spacing, a lone LF, bytes that are not UTF-8, payloads past the limit, a field
+    missing or one too many."""
     frames = []
+    names = st.sampled_from([b"f", b"ab", b"foo", b"a.b", b"\xc3\xa9", b"\xff", b"x\ty"])
     for _ in range(draw(st.integers(1, 4))):
-        subject = draw(st.sampled_from([b"f", b"ab", b"foo", b"a.b", b"\xc3\xa9", b"\xff", b"x\ty"]))
+        header = [draw(names) for _ in range(fields + draw(st.sampled_from([0, 0, -1, 1])))]
         reply = draw(st.sampled_from([b"", b"_INBOX.1"]))
         payload = draw(st.binary(max_size=14))
         size = str(len(payload) + draw(st.sampled_from([0, 0, 0, 1, -1]))).encode()
         sep = draw(st.sampled_from([b" ", b" ", b"  ", b"\t"]))
-        line = b"PUB " + subject + (sep + reply if reply else b"") + sep + size
+        line = verb + sep.join([*header, *([reply] if reply else []), size])
         frames.append(line + draw(st.sampled_from([b"\r\n", b"\r\n", b"\n"])) + payload + b"\r\n")
     return b"".join(frames)
 
 
+SIDES = [
+    (p.ServerConnection, _ServerGeneralPathOnly, message_frames(b"PUB ", 1)),
+    (p.ClientConnection, _ClientGeneralPathOnly, message_frames(b"MSG ", 2)),
+]
+
+
+@pytest.mark.parametrize(("fast_side", "general_side", "frames"), SIDES)
 @settings(max_examples=500, deadline=None)
 @given(
-    data=st.one_of(inputs, publishish, pub_frames()),
+    data=st.data(),
     cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=4),
-    max_control_line=st.sampled_from([8, 9, 10, 11, 12, 16, 4096]),
+    max_control_line=st.sampled_from([8, 9, 10, 11, 12, 16, 4096, 4096, 4096, 4096]),
 )
-def test_the_fast_path_for_publishes_parses_as_the_general_path(
-    data: bytes, cuts: list[int], max_control_line: int
+def test_the_fast_path_for_messages_parses_as_the_general_path(
+    fast_side: Callable[..., p.ServerConnection | p.ClientConnection],
+    general_side: Callable[..., p.ServerConnection | p.ClientConnection],
+    frames: st.SearchStrategy[bytes],
+    data: st.DataObject,
+    cuts: list[int],
+    max_control_line: int,
 ) -> None:
-    fast = p.ServerConnection(max_payload=10, max_control_line=max_control_line)
-    general = _GeneralPathOnly(max_payload=10, max_control_line=max_control_line)
-    assert _outcome(fast, data, cuts) == _outcome(general, data, cuts)
+    raw = data.draw(st.one_of(inputs, publishish, frames))
+    fast = fast_side(max_payload=10, max_control_line=max_control_line)
+    general = general_side(max_payload=10, max_control_line=max_control_line)
+    assert _outcome(fast, raw, cuts) == _outcome(general, raw, cuts)
 
 
-def test_the_fast_path_takes_what_clients_send() -> None:
+def test_the_fast_path_takes_what_peers_send() -> None:
     conn = p.ServerConnection()
     conn.receive_data(b"PUB foo 3\r\nabc\r\nPUB foo _INBOX.1 0\r\n\r\n")
     assert conn._fast_message(conn._buf, 0) == (p.Pub("foo", "", b"abc"), 16)
     assert [conn.next_event(), conn.next_event()] == [p.Pub("foo", "", b"abc"), p.Pub("foo", "_INBOX.1", b"")]
+    client = p.ClientConnection()
+    client.receive_data(b"MSG foo 7 2\r\nhi\r\nMSG foo 7 _INBOX.1 0\r\n\r\n")
+    assert client._fast_message(client._buf, 0) == (p.Msg("foo", "7", "", b"hi"), 17)
+    assert [client.next_event(), client.next_event()] == [
+        p.Msg("foo", "7", "", b"hi"),
+        p.Msg("foo", "7", "_INBOX.1", b""),
+    ]

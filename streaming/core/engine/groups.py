@@ -8,7 +8,7 @@ member leaves, its pending messages go round-robin to the others, due at once (t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Container
 
 from streaming.core.engine.state import Sub
 
@@ -26,36 +26,23 @@ class Group:
         self.members: list[Sub] = []
         self.shadow: Sub | None = None
 
-    def pick(self, *, for_new: bool, skip: Callable[[Sub], bool]) -> Sub | None:
-        """The member to send to (None: none can take a new message now); `skip`: failing heartbeats."""
-        best: Sub | None = None
-        for member in self.members:
-            if skip(member):
-                continue
-            if for_new and (member.stalled or member.pending.due_count):
-                continue
-            if best is None or len(member.pending) < len(best.pending):
-                best = member
-        if best is None:
-            if for_new:
-                return None
-            best = self.members[0]
-        if best is self.members[0] and len(self.members) > 1:
-            self.members.append(self.members.pop(0))
-        return best
-
-    def pick_new(self, failed: list[Sub]) -> Sub | None:
-        """`pick(for_new=True)` with the members failing heartbeats given: the same choice."""
+    def pick(self, *, for_new: bool, failed: Container[Sub] = ()) -> Sub | None:
+        """The member to send to (None: none can take a new message now); `failed`: the members
+        failing heartbeats (found once by the caller: a pump picks once per message)."""
         best: Sub | None = None
         fewest = 0
         for member in self.members:
             pending = member.pending
             size = len(pending)
-            if size >= member.record.max_inflight or pending.due_count or member in failed:
+            if member in failed or (for_new and (size >= member.record.max_inflight or pending.due_count)):
                 continue
             if best is None or size < fewest:
                 best, fewest = member, size
-        if best is not None and best is self.members[0] and len(self.members) > 1:
+        if best is None:
+            if for_new:
+                return None
+            best = self.members[0]
+        if best is self.members[0] and len(self.members) > 1:
             self.members.append(self.members.pop(0))
         return best
 
