@@ -89,6 +89,16 @@ def _server_parser() -> argparse.ArgumentParser:
     mon("--event_log", help="write the delivery event log (JSON Lines) into this directory (default off)")
     mon("--event_log_rotate", type=size, help="start a new event log file past this size (default 64MB)")
 
+    api = parser.add_argument_group("HTTP clients (Bayeux/CometD)").add_argument
+    api("--http_api_port", type=int, help="port for HTTP clients: the Bayeux endpoint (default 0 = off, -1 = any)")
+    api("--http_api_host", help="interface for HTTP clients (default: the same as -a/--addr)")
+    api("--http_api_max_body", type=size, help="refuse larger HTTP request bodies with 413 (default 1MiB)")
+    api("--bayeux_path", help="URL path of the Bayeux endpoint (default /cometd)")
+    api("--bayeux_timeout", type=dur, help="longest a /meta/connect is held with nothing to deliver (default 30s)")
+    api("--bayeux_interval", type=dur, help="pause advised between a connect reply and the next (default 0)")
+    api("--bayeux_max_interval", type=dur, help="a session that does not connect this long expires (default 10s)")
+    api("--bayeux_max_unacked", type=int, help="per subscription: messages out and not acknowledged (default 1024)")
+
     logs = parser.add_argument_group("logging").add_argument
     logs("-D", "--debug", action="store_true", help="debug logging")
     logs("-V", "--trace", action="store_true", help="trace logging (as debug, plus protocol detail)")

@@ -156,14 +156,29 @@ class ServerConfig:
     log_level: str = "info"
     event_log: str = ""  # directory for the delivery event log (JSON Lines); empty = off
     event_log_rotate: Size = Size(64 * 1024 * 1024)  # start a new file past this size
+    # The client-facing HTTP listener (the Bayeux/CometD endpoint): 0 = off, -1 = any free port.
+    http_api_port: int = 0
+    http_api_host: str = ""  # empty: the same as `host`
+    http_api_max_body: Size = Size(1024 * 1024)  # larger request bodies are refused (413)
+    bayeux_path: str = "/cometd"
+    bayeux_timeout: Duration = Duration(30.0)  # longest a /meta/connect with nothing to deliver is held
+    bayeux_interval: Duration = Duration(0.0)  # the pause advised between a connect reply and the next
+    bayeux_max_interval: Duration = Duration(10.0)  # a session with no connect this long expires
+    bayeux_max_unacked: int = 1024  # per subscription: messages sent and not acknowledged by batch
 
     def __attrs_post_init__(self) -> None:
         if self.store not in ("lmdb", "memory"):
             raise ConfigError(f"store: expected 'lmdb' or 'memory', got {self.store!r}")
         if self.verify_on_start not in VERIFY_MODES:
             raise ConfigError(f"verify_on_start: expected 'full' or 'quick', got {self.verify_on_start!r}")
-        if not 0 <= self.port < 65536 or not -1 <= self.http_port < 65536:
-            raise ConfigError("port must be between 0 and 65535, http_port between -1 and 65535")
+        if not 0 <= self.port < 65536 or not -1 <= self.http_port < 65536 or not -1 <= self.http_api_port < 65536:
+            raise ConfigError("port must be between 0 and 65535, http_port and http_api_port between -1 and 65535")
+        if self.bayeux_timeout <= 0 or self.bayeux_max_interval <= 0 or self.bayeux_interval < 0:
+            raise ConfigError("bayeux_timeout and bayeux_max_interval must be positive, bayeux_interval >= 0")
+        if self.bayeux_max_unacked <= 0 or self.http_api_max_body <= 0:
+            raise ConfigError("bayeux_max_unacked and http_api_max_body must be positive")
+        if not re.fullmatch(r"(/[A-Za-z0-9._~-]+)+", self.bayeux_path):
+            raise ConfigError(f"bayeux_path: expected a URL path such as '/cometd', got {self.bayeux_path!r}")
         if not re.fullmatch(r"[a-zA-Z0-9_-]+", self.cluster_id):
             raise ConfigError(f"cluster_id: only letters, digits, '-' and '_' are allowed, got {self.cluster_id!r}")
         for name in _POSITIVE_DURATIONS:

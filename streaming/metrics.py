@@ -21,6 +21,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from streaming.bayeux.door import BayeuxStatistics
 from streaming.core.engine import (
     Acked,
     AckedRun,
@@ -323,3 +324,26 @@ class _StateCollector(Collector):
         connections = GaugeMetricFamily(f"{PREFIX}_connections", "Open NATS connections")
         connections.add_metric([], broker.statistics().connections)
         yield connections
+        if running.bayeux is not None:
+            yield from _bayeux_metrics(running.bayeux.statistics())
+
+
+def _bayeux_metrics(stats: BayeuxStatistics) -> Iterator[Metric]:
+    """The Bayeux door's sessions and batches (its deliveries and acks count with every other door's)."""
+    yield GaugeMetricFamily(f"{PREFIX}_bayeux_sessions", "Bayeux sessions", value=stats.sessions)
+    yield GaugeMetricFamily(f"{PREFIX}_bayeux_held_connects", "Held /meta/connect requests", value=stats.held_connects)
+    yield GaugeMetricFamily(
+        f"{PREFIX}_bayeux_queued_messages",
+        "Messages in Bayeux sessions' queues: not sent yet, or sent and not acknowledged by batch",
+        value=stats.queued_messages,
+    )
+    counters = [
+        ("handshakes", "Bayeux sessions opened", stats.handshakes),
+        ("expired_sessions", "Bayeux sessions expired for not connecting", stats.expired_sessions),
+        ("batches", "Connect replies that closed an ack batch", stats.batches),
+        ("delivered_messages", "Messages written into connect replies (resends included)", stats.delivered_messages),
+        ("resent_messages", "Messages written again because their batch was not acknowledged", stats.resent_messages),
+        ("published_messages", "Messages published through the Bayeux door and stored", stats.published_messages),
+    ]
+    for name, text, value in counters:
+        yield CounterMetricFamily(f"{PREFIX}_bayeux_{name}", text, value=value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from storage import Store
+from streaming.bayeux.door import BayeuxDoor
 from streaming.core.service import Core
 from streaming.event_log import EventLog
 from streaming.stan.broker import Broker
@@ -22,3 +23,5 @@ class Running:
     store: Store
     http_port: int = 0  # the monitoring port, when one is served
     event_log: EventLog | None = None
+    bayeux: BayeuxDoor | None = None  # the Bayeux door, when the HTTP client port is on
+    http_api_port: int = 0  # the HTTP client port (Bayeux), when one is served

@@ -1,6 +1,6 @@
 """The whole server in one call: `serve(config)` opens the store, recovers the delivery core, opens the
-front doors (STAN over the embedded NATS broker) and the monitoring port, and runs until cancelled
-(then flushes and closes the store).
+front doors (STAN over the embedded NATS broker; Bayeux over HTTP when `http_api_port` is set) and
+the monitoring port, and runs until cancelled (then flushes and closes the store).
 
 Tests run it in a nursery on port 0: `port = await nursery.start(serve, config)`.
 """
@@ -14,6 +14,9 @@ from pathlib import Path
 import trio
 
 from storage import Store, StoreError, open_store
+from streaming.bayeux.door import BayeuxDoor
+from streaming.bayeux.http import BayeuxApp, serve_http_api
+from streaming.bayeux.protocol import BayeuxSettings
 from streaming.config import ServerConfig
 from streaming.core.observers import Fanout
 from streaming.core.service import Core
@@ -39,6 +42,15 @@ def broker_config(config: ServerConfig) -> BrokerConfig:
         ping_interval_s=config.ping_interval,
         max_pings_out=config.max_pings_out,
         connect_timeout_s=config.connect_timeout,
+    )
+
+
+def bayeux_settings(config: ServerConfig) -> BayeuxSettings:
+    return BayeuxSettings(
+        timeout_s=config.bayeux_timeout,
+        interval_s=config.bayeux_interval,
+        max_interval_s=config.bayeux_max_interval,
+        max_unacked=config.bayeux_max_unacked,
     )
 
 
@@ -82,6 +94,7 @@ async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] =
             recovery_hold_s=config.recovery_hold,
         )
         stan = StanServer(stan_config(config), broker, core)
+        bayeux = BayeuxDoor(core, bayeux_settings(config)) if config.http_api_port else None
         async with trio.open_nursery() as nursery:
             if event_log is not None:
                 await nursery.start(event_log.run)
@@ -90,7 +103,12 @@ async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] =
             await nursery.start(core.run)
             await nursery.start(stan.run)
             port = await nursery.start(broker.serve)
-            running = Running(port, broker, core, stan, store, event_log=event_log)
+            running = Running(port, broker, core, stan, store, event_log=event_log, bayeux=bayeux)
+            if bayeux is not None:
+                await nursery.start(bayeux.run)
+                app = BayeuxApp(bayeux, path=config.bayeux_path, max_body_bytes=config.http_api_max_body)
+                api_host, api_port = config.http_api_host or config.host, max(config.http_api_port, 0)
+                running.http_api_port = await nursery.start(serve_http_api, app, api_host, api_port)
             if metrics is not None:
                 metrics.attach(running)
                 monitor = Monitor(running, metrics, config.store)

@@ -42,6 +42,15 @@ const scenarios = {
     for (let i = 0; i < 20; i++) guids.push(await publish(sc, channel, `msg-${i}`));
     return { published: guids.length, unique: new Set(guids).size };
   },
+  async exchange(sc) {
+    // Beside a CometD client on the same channel (pytest drives both): publish 10, then read the
+    // whole channel from its start.
+    for (let i = 0; i < 10; i++) await publish(sc, channel, `stan-${i}`);
+    const sub = sc.subscribe(channel, sc.subscriptionOptions().setDeliverAllAvailable());
+    const got = collect(sub, 20); // listening before the subscription is ready: messages follow at once
+    await ready(sub);
+    done({ got: await got });
+  },
   async redelivery(sc) {
     await publish(sc, channel, 'first');
     const opts = sc.subscriptionOptions().setManualAckMode(true).setAckWait(1000).setDeliverAllAvailable();

@@ -1,0 +1,366 @@
+"""The Bayeux front door: Bayeux requests become engine calls, engine deliveries become session queues.
+
+It is an adapter on the delivery core like the STAN door:
+- a Bayeux publish is a `Publish` handed to the core's group commit; its reply waits for the commit;
+- a `/meta/subscribe` opens a non-durable engine subscription (new messages only) for the session's
+  engine client (`bayeux:<a public id>`: a name no STAN client can register; the clientId itself,
+  the session's credential, is shown nowhere). Its AckWait is longer
+  than any session lives and its MaxInflight is `max_unacked`: redelivery is by batch (see
+  `streaming.bayeux.protocol`), and what the client has not acknowledged waits in the log;
+- the engine delivers to the door's outbound port (inboxes under `_BAYEUX.`), which queues the
+  message in its session and wakes the session's held connect;
+- the acknowledgements a connect carries are engine acks, one span per request (one state write).
+Sessions live in memory: after a restart (or expiry, or disconnect) a client handshakes again, and
+its subscriptions start at new messages, as with CometD.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import attrs
+import trio
+
+from storage import StoreError
+from streaming.bayeux import channels
+from streaming.bayeux import protocol as bx
+from streaming.core.engine import Delivery, SubscribeRequest
+from streaming.core.errors import RequestError
+from streaming.core.outbound import Publish
+from streaming.core.service import Core
+
+log = logging.getLogger(__name__)
+
+INBOX_PREFIX = "_BAYEUX."
+_ENGINE_CLIENT = "bayeux:"  # STAN client IDs cannot hold ':', so no STAN client can act for a session
+# Longer than a session can sensibly live: batches, not timers, redeliver to Bayeux subscribers (and
+# the door drops an engine redelivery, should one ever come, so nothing is queued twice).
+_ACK_WAIT_MS = 2**31 - 1
+_META_UNKNOWN = "400::channel_unknown"
+
+
+@attrs.frozen
+class BayeuxStatistics:
+    sessions: int
+    held_connects: int
+    queued_messages: int  # waiting to be sent or acknowledged, over every session
+    handshakes: int
+    expired_sessions: int
+    batches: int  # connect replies that closed a batch
+    delivered_messages: int  # messages written into connect replies, resends included
+    resent_messages: int
+    published_messages: int
+
+
+class _Hold:
+    """A held `/meta/connect`: woken by a delivery, a newer connect or a disconnect."""
+
+    __slots__ = ("disconnected", "event", "superseded")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.superseded = False
+        self.disconnected = False
+
+
+class _Live:
+    __slots__ = ("engine_client", "hold", "public_id", "session")
+
+    def __init__(self, session: bx.Session) -> None:
+        self.session = session
+        # The clientId is the session's credential: monitoring pages, the event log and metrics see
+        # this other name for it instead.
+        self.public_id = secrets.token_hex(8)
+        self.engine_client = _ENGINE_CLIENT + self.public_id
+        self.hold: _Hold | None = None
+
+
+class _PublishWait:
+    __slots__ = ("error", "event")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.error: Exception | None = None
+
+
+class BayeuxDoor:
+    def __init__(self, core: Core, settings: bx.BayeuxSettings) -> None:
+        self.core = core
+        self.settings = settings
+        self._sessions: dict[str, _Live] = {}
+        self._by_sub: dict[int, tuple[_Live, str]] = {}  # engine sub id -> its session, Bayeux channel
+        self._waits: dict[str, _PublishWait] = {}
+        self._next = 0
+        self._handshakes = self._expired = self._batches = self._delivered = self._resent = self._published = 0
+        core.doors.add(self, INBOX_PREFIX)
+
+    def statistics(self) -> BayeuxStatistics:
+        return BayeuxStatistics(
+            sessions=len(self._sessions),
+            held_connects=sum(1 for live in self._sessions.values() if live.hold is not None),
+            queued_messages=sum(len(live.session.unacked) for live in self._sessions.values()),
+            handshakes=self._handshakes,
+            expired_sessions=self._expired,
+            batches=self._batches,
+            delivered_messages=self._delivered,
+            resent_messages=self._resent,
+            published_messages=self._published,
+        )
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Expire sessions that stopped connecting, every `sweep_s`, until cancelled."""
+        task_status.started()
+        while True:
+            await trio.sleep(self.settings.sweep_s)
+            self.expire(trio.current_time())
+
+    def expire(self, now: float) -> None:
+        for live in [live for live in self._sessions.values() if live.session.expires_at <= now]:
+            log.debug("bayeux session %s expired", live.public_id)
+            self._expired += 1
+            self._end(live)
+
+    # -- requests ------------------------------------------------------------------------------
+
+    async def handle(self, messages: list[Any]) -> list[dict[str, Any]]:
+        """Answer one request's messages, in order (deliveries first in a connect's answer)."""
+        await self.core.ready.wait()
+        out: list[dict[str, Any]] = []
+        waits: list[tuple[int, _PublishWait]] = []  # (index in out, its commit)
+        alone = len(messages) == 1
+        for message in messages:
+            bad = bx.check(message)
+            if bad is not None:
+                out.append(bad)
+                continue
+            channel: str = message["channel"]
+            if channel == "/meta/handshake":
+                out.append(self._handshake(message, alone))
+                continue
+            client_id = message.get("clientId")
+            live = self._sessions.get(client_id) if isinstance(client_id, str) else None
+            if live is None:
+                out.append(bx.session_unknown(message))
+                continue
+            if channel == "/meta/connect":
+                out.extend(await self._connect(live, message, alone))
+                continue
+            self._touch(live)
+            if channel == "/meta/disconnect":
+                self._end(live)
+                out.append(bx.reply(message, successful=True))
+            elif channel == "/meta/subscribe":
+                out.append(await self._subscribe(live, message))
+            elif channel == "/meta/unsubscribe":
+                out.append(self._unsubscribe(live, message))
+            elif channels.is_meta(channel):
+                out.append(bx.error(message, _META_UNKNOWN))
+            else:
+                answer, wait = await self._publish(message)
+                if wait is not None:
+                    waits.append((len(out), wait))
+                out.append(answer)
+        for index, wait in waits:
+            await wait.event.wait()
+            if wait.error is not None:
+                out[index] = bx.error(out[index], _publish_error(wait.error))
+        return out
+
+    def _handshake(self, message: dict[str, Any], alone: bool) -> dict[str, Any]:
+        if not alone:
+            return bx.error(message, bx.HANDSHAKE_ALONE)
+        answer, session = bx.handshake(message, self.settings, trio.current_time())
+        if session is not None:
+            live = _Live(session)
+            self._sessions[session.client_id] = live
+            self.core.pipeline.add_client(live.engine_client)
+            self._handshakes += 1
+        return answer
+
+    def _touch(self, live: _Live) -> None:
+        session = live.session
+        session.expires_at = max(session.expires_at, trio.current_time() + self.settings.max_interval_s)
+
+    async def _connect(self, live: _Live, message: dict[str, Any], alone: bool) -> list[dict[str, Any]]:
+        session, settings = live.session, self.settings
+        if live.hold is not None:
+            live.hold.superseded = True
+            live.hold.event.set()
+            live.hold = None
+        ext = message.get("ext")
+        self._ack(session.acknowledge(ext.get("ack") if isinstance(ext, dict) else None))
+        session.expires_at = math.inf
+        if alone and session.connected and not bx.client_wants_now(message) and not session.has_to_send():
+            hold = live.hold = _Hold()
+            with trio.move_on_after(settings.timeout_s):
+                await hold.event.wait()
+            if live.hold is hold:
+                live.hold = None
+            if hold.superseded:
+                return [bx.superseded_reply(message, settings)]
+            if hold.disconnected:
+                return [bx.disconnected_reply(message)]
+        # No await from here to the return: the batch is closed and its messages chosen in one step.
+        batch, entries, resent = session.close_batch()
+        session.connected = True
+        session.expires_at = trio.current_time() + settings.interval_s + settings.max_interval_s
+        if batch is not None:
+            self._batches += 1
+        else:
+            self._ack(entries)  # no acks will come: what is written is delivered, at most once
+        self._delivered += len(entries)
+        self._resent += resent
+        return [*(e.message for e in entries), bx.connect_reply(message, batch, settings)]
+
+    def _ack(self, entries: list[bx.Entry]) -> None:
+        if not entries:
+            return
+        core = self.core
+        core.span_started()  # one pass and one state write for the request's acks
+        try:
+            for entry in entries:
+                core.pipeline.ack(entry.sub_id, entry.seq)
+        finally:
+            core.span_ended(more_input=False)
+
+    def _end(self, live: _Live) -> None:
+        """Disconnect or expiry: the session, its subscriptions and its queue go; nothing queued is
+        acknowledged to the engine."""
+        session = live.session
+        if self._sessions.pop(session.client_id, None) is None:
+            return
+        if live.hold is not None:
+            live.hold.disconnected = True
+            live.hold.event.set()
+            live.hold = None
+        pipeline = self.core.pipeline
+        for sub_id in session.subscriptions.values():
+            self._by_sub.pop(sub_id, None)
+            pipeline.unsubscribe(sub_id)
+        session.subscriptions.clear()
+        session.unacked.clear()
+        pipeline.client_closed(live.engine_client)
+
+    async def _subscribe(self, live: _Live, message: dict[str, Any]) -> dict[str, Any]:
+        names = bx.subscriptions_of(message)
+        if isinstance(names, dict):
+            return names
+        subscription = message["subscription"]
+        for name in names:
+            if channels.is_meta(name) or channels.is_service(name) or not channels.mappable(name):
+                return bx.error(message, bx.SUBSCRIBE_FAILED, subscription=subscription)
+        session = live.session
+        for name in names:
+            if name in session.subscriptions:
+                continue
+            engine_channel = channels.to_engine(name)
+            self._next += 1
+            inbox = f"{INBOX_PREFIX}{live.public_id}.{self._next}"
+            request = SubscribeRequest(
+                client_id=live.engine_client,
+                channel=engine_channel,
+                inbox=inbox,
+                ack_inbox=inbox + ".acks",  # no broker subscription reaches it: only this door acks
+                ack_wait_ms=_ACK_WAIT_MS,
+                max_inflight=self.settings.max_unacked,
+            )
+            try:
+                await self.core.ensure_channel(engine_channel)
+                if self._sessions.get(session.client_id) is not live:
+                    return bx.session_unknown(message)  # it ended while the channel was made
+
+                def answer(sub_id: int, name: str = name) -> None:
+                    session.subscriptions[name] = sub_id
+                    self._by_sub[sub_id] = (live, name)
+
+                self.core.pipeline.subscribe(request, answer)
+            except (RequestError, StoreError) as exc:
+                log.info("bayeux subscribe to %s refused: %s", name, exc)
+                return bx.error(message, f"403:{_reason(exc)}:subscribe_failed", subscription=subscription)
+        return bx.reply(message, successful=True, subscription=subscription)
+
+    def _unsubscribe(self, live: _Live, message: dict[str, Any]) -> dict[str, Any]:
+        names = bx.subscriptions_of(message)
+        if isinstance(names, dict):
+            return names
+        session = live.session
+        if any(name not in session.subscriptions for name in names):
+            return bx.error(message, bx.CHANNEL_MISSING, subscription=message["subscription"])
+        for name in names:
+            sub_id = session.subscriptions.pop(name)
+            self._by_sub.pop(sub_id, None)
+            self.core.pipeline.unsubscribe(sub_id)
+        return bx.reply(message, successful=True, subscription=message["subscription"])
+
+    async def _publish(self, message: dict[str, Any]) -> tuple[dict[str, Any], _PublishWait | None]:
+        channel: str = message["channel"]
+        if channels.is_service(channel):
+            return bx.reply(message, successful=True), None  # no server-side handlers: not broadcast
+        if not channels.mappable(channel):
+            return bx.error(message, bx.CHANNEL_INVALID), None
+        engine_channel = channels.to_engine(channel)
+        if engine_channel in self.core.pipeline.deleting:
+            return bx.error(message, bx.PUBLISH_FAILED), None
+        self._next += 1
+        key = f"{INBOX_PREFIX}p{self._next}"
+        wait = self._waits[key] = _PublishWait()
+        publish = Publish(engine_channel, bx.encode_data(message.get("data")), "", key, key, self)
+        pending = self.core.publish(publish)
+        if pending is not None:
+            await pending  # the commit queue is full: back-pressure, as for a STAN publisher
+        return bx.reply(message, successful=True), wait
+
+    # -- the outbound port ---------------------------------------------------------------------
+
+    def deliver(self, deliveries: Sequence[Delivery]) -> None:
+        woken: list[_Live] = []
+        by_sub = self._by_sub
+        for d in deliveries:
+            owner = by_sub.get(d.sub_id)
+            if owner is None or d.attempt > 1:
+                continue
+            live, channel = owner
+            m = d.message
+            data, how = bx.decode_data(m.data)
+            ext: dict[str, Any] = {"seq": m.seq, "timestamp": m.timestamp_unix_ns}
+            if how != "json":
+                ext["encoding"] = how
+            message = {"channel": channel, "data": data, "id": f"{d.sub_id}x{m.seq}", "ext": ext}
+            session = live.session
+            session.queue((bx.Entry(session.tag(), message, d.sub_id, m.seq),))
+            if live.hold is not None:
+                woken.append(live)
+        for live in woken:
+            if live.hold is not None:
+                live.hold.event.set()
+                live.hold = None
+
+    def published(self, publishes: Sequence[Publish], errors: dict[int, Exception]) -> None:
+        for p in publishes:
+            wait = self._waits.pop(p.ack_to, None)
+            if wait is None:
+                continue
+            wait.error = errors.get(id(p)) if errors else None
+            if wait.error is None:
+                self._published += 1
+            wait.event.set()
+
+    def holding(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    async def wait_reachable(self, inboxes: list[str]) -> None:
+        return  # sessions do not outlive the process: nothing of theirs is recovered
+
+
+def _reason(error: Exception) -> str:
+    text = str(error) if isinstance(error, RequestError) else "store"
+    return "".join(c if c.isalnum() or c == " " else " " for c in text).strip()
+
+
+def _publish_error(error: Exception) -> str:
+    return f"500:{_reason(error)}:publish_failed"

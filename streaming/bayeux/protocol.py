@@ -1,0 +1,253 @@
+"""Bayeux sessions and the ack extension's batches, sans-IO: message checks, replies, session
+lifetimes and the unacknowledged queue. Time is given, never read; nothing here awaits or does I/O.
+
+The ack extension (CometD's `AcknowledgedMessagesExtension`), per ack-enabled session:
+- a message routed to the session is queued in `unacked` with the batch then open (`next_batch`);
+- each successful `/meta/connect` reply closes the open batch B (`ext.ack = B`) and carries every
+  queued entry, oldest first: those sent before and not acknowledged, then the new ones;
+- the next connect's `ext.ack = A` removes the entries tagged <= A (A is clamped to the last closed
+  batch: entries never sent are never dropped); what is removed is acknowledged to the engine;
+- a connect is answered at once while anything is queued, so unacknowledged entries (a lost reply)
+  go out again, ahead of newer ones, under a fresh batch number.
+A session without the extension sends what is queued in the next connect reply and forgets it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+from collections import deque
+from collections.abc import Iterable
+from typing import Any, Final
+
+import attrs
+
+from streaming.bayeux import channels
+
+SESSION_UNKNOWN: Final = "402::session_unknown"
+CHANNEL_MISSING: Final = "400::channel_missing"
+CHANNEL_INVALID: Final = "405::channel_invalid"
+MESSAGE_ID_INVALID: Final = "405::message_id_invalid"
+MESSAGE_INVALID: Final = "400::message_invalid"  # an array element that is not a JSON object
+SUBSCRIPTION_MISSING: Final = "403::subscription_missing"
+SUBSCRIPTION_INVALID: Final = "403::subscription_invalid"
+SUBSCRIBE_FAILED: Final = "403::subscribe_failed"
+PUBLISH_FAILED: Final = "500::publish_failed"  # the store refused the message (a full disk, ...)
+CONNECTION_TYPE_UNSUPPORTED: Final = "409::connection_type_unsupported"
+HANDSHAKE_ALONE: Final = "400::handshake_must_be_alone"
+
+VERSION: Final = "1.0"
+CONNECTION_TYPES: Final = ["long-polling"]
+
+
+class BadBody(Exception):
+    """The request body is not a JSON object or array of objects; `str()` says why."""
+
+
+@attrs.frozen
+class BayeuxSettings:
+    timeout_s: float = 30.0  # longest a connect with nothing to deliver is held
+    interval_s: float = 0.0  # the pause the client leaves between a connect reply and the next connect
+    max_interval_s: float = 10.0  # a session with no connect for interval + this expires
+    max_unacked: int = 1024  # messages per subscription outside the log, waiting for the client's ack
+    sweep_s: float = 0.997  # how often expiry is checked (CometD's period)
+
+    def advice(self) -> dict[str, Any]:
+        return {"reconnect": "retry", "interval": int(self.interval_s * 1000), "timeout": int(self.timeout_s * 1000)}
+
+
+@attrs.define(slots=True)
+class Entry:
+    """One delivery queued for a session: `tag` is the batch open when it was queued; `sent` says
+    whether a connect reply carried it already (it goes again until acknowledged)."""
+
+    tag: int
+    message: dict[str, Any]
+    sub_id: int
+    seq: int
+    sent: bool = False
+
+
+class Session:
+    """One Bayeux client: its batches, its queue, its subscriptions (Bayeux channel -> engine sub id)."""
+
+    def __init__(self, client_id: str, *, ack_enabled: bool, expires_at: float) -> None:
+        self.client_id = client_id
+        self.ack_enabled = ack_enabled
+        self.next_batch = 1  # the open batch
+        self.unacked: deque[Entry] = deque()
+        self.connected = False  # a first connect was answered
+        self.expires_at = expires_at  # inf while a connect is held
+        self.subscriptions: dict[str, int] = {}
+
+    def queue(self, entries: Iterable[Entry]) -> None:
+        self.unacked.extend(entries)
+
+    def tag(self) -> int:
+        return self.next_batch
+
+    def has_to_send(self) -> bool:
+        return bool(self.unacked)
+
+    def acknowledge(self, ack: object) -> list[Entry]:
+        """The entries a connect's `ext.ack` acknowledges, removed from the queue. A missing or
+        non-numeric value acknowledges nothing; one past the last closed batch is clamped to it."""
+        if not self.ack_enabled or isinstance(ack, bool) or not isinstance(ack, int | float):
+            return []
+        upto = min(int(ack), self.next_batch - 1)
+        acked: list[Entry] = []
+        unacked = self.unacked
+        while unacked and unacked[0].tag <= upto:
+            acked.append(unacked.popleft())
+        return acked
+
+    def close_batch(self) -> tuple[int | None, list[Entry], int]:
+        """For a connect reply: the batch number it carries (None without the extension), the
+        entries it delivers, and how many of those go again. Without the extension the entries leave
+        the queue (acknowledge them to the engine at once)."""
+        entries = list(self.unacked)
+        resent = 0
+        for entry in entries:
+            resent += entry.sent
+            entry.sent = True
+        if not self.ack_enabled:
+            self.unacked.clear()
+            return None, entries, 0
+        batch = self.next_batch
+        self.next_batch += 1
+        return batch, entries, resent
+
+
+def new_client_id() -> str:
+    """160 random bits, alphanumeric (hex)."""
+    return secrets.token_hex(20)
+
+
+def parse_body(body: bytes) -> list[Any]:
+    """The messages of a request body: a JSON array, or a single object."""
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadBody(f"the body is not JSON: {exc}") from None
+    if isinstance(value, dict):
+        return [value]
+    if isinstance(value, list) and value:
+        return value
+    raise BadBody("the body must be a JSON array of Bayeux messages (or one message object)")
+
+
+def reply(message: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """A reply to `message`: its id (when it had one), its channel, then `fields`."""
+    out: dict[str, Any] = {}
+    if "id" in message:
+        out["id"] = message["id"]
+    out["channel"] = message.get("channel")
+    out.update(fields)
+    return out
+
+
+def error(message: dict[str, Any], text: str, **fields: Any) -> dict[str, Any]:
+    return reply(message, successful=False, error=text, **fields)
+
+
+def session_unknown(message: dict[str, Any]) -> dict[str, Any]:
+    """CometD's answer to an unknown, expired or disconnected clientId (re-handshake advice on meta
+    handshake and connect replies only)."""
+    if message.get("channel") in ("/meta/handshake", "/meta/connect"):
+        return error(message, SESSION_UNKNOWN, advice={"reconnect": "handshake", "interval": 0})
+    return error(message, SESSION_UNKNOWN)
+
+
+def check(message: object) -> dict[str, Any] | None:
+    """The error reply for a message no handler may take (not an object, no or a bad channel, a bad
+    id); None when it is well formed."""
+    if not isinstance(message, dict):
+        return {"channel": None, "successful": False, "error": MESSAGE_INVALID}
+    msg_id = message.get("id")
+    if msg_id is not None and not (isinstance(msg_id, str) and msg_id.isalnum() and msg_id.isascii()):
+        return error({k: v for k, v in message.items() if k != "id"}, MESSAGE_ID_INVALID)
+    channel = message.get("channel")
+    if channel is None:
+        return error(message, CHANNEL_MISSING)
+    if not channels.valid(channel):
+        return error(message, CHANNEL_INVALID)
+    return None
+
+
+def wants_ack(message: dict[str, Any]) -> bool:
+    ext = message.get("ext")
+    return isinstance(ext, dict) and ext.get("ack") is True
+
+
+def handshake(message: dict[str, Any], settings: BayeuxSettings, now: float) -> tuple[dict[str, Any], Session | None]:
+    """The handshake reply, and the new session (None when refused)."""
+    types = message.get("supportedConnectionTypes")
+    if isinstance(types, list) and not any(t in CONNECTION_TYPES for t in types):
+        return error(message, CONNECTION_TYPE_UNSUPPORTED, supportedConnectionTypes=CONNECTION_TYPES), None
+    ack = wants_ack(message)
+    session = Session(new_client_id(), ack_enabled=ack, expires_at=now + settings.interval_s + settings.max_interval_s)
+    out = reply(
+        message,
+        successful=True,
+        clientId=session.client_id,
+        version=VERSION,
+        minimumVersion=VERSION,
+        supportedConnectionTypes=CONNECTION_TYPES,
+        advice=settings.advice(),
+    )
+    if ack:
+        out["ext"] = {"ack": True}
+    return out, session
+
+
+def client_wants_now(message: dict[str, Any]) -> bool:
+    """The connect asks for an immediate answer (`advice.timeout == 0`: the client is reconnecting)."""
+    advice = message.get("advice")
+    return isinstance(advice, dict) and advice.get("timeout") == 0
+
+
+def connect_reply(message: dict[str, Any], batch: int | None, settings: BayeuxSettings) -> dict[str, Any]:
+    out = reply(message, successful=True, advice=settings.advice())
+    if batch is not None:
+        out["ext"] = {"ack": batch}
+    return out
+
+
+def superseded_reply(message: dict[str, Any], settings: BayeuxSettings) -> dict[str, Any]:
+    """A held connect another connect of its session replaced: no messages and no batch number (the
+    client has abandoned it; a batch number could make it acknowledge what it never saw)."""
+    return reply(message, successful=True, advice=settings.advice())
+
+
+def disconnected_reply(message: dict[str, Any]) -> dict[str, Any]:
+    return reply(message, successful=True, advice={"reconnect": "none", "interval": 0})
+
+
+def subscriptions_of(message: dict[str, Any]) -> list[str] | dict[str, Any]:
+    """The channels a subscribe or unsubscribe names, or its error reply."""
+    value = message.get("subscription")
+    if value is None:
+        return error(message, SUBSCRIPTION_MISSING)
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not names or not all(channels.valid(n) for n in names):
+        return error(message, SUBSCRIPTION_INVALID, subscription=value)
+    return names
+
+
+def encode_data(data: Any) -> bytes:
+    """A Bayeux message's `data` as stored: compact JSON."""
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def decode_data(raw: bytes) -> tuple[Any, str]:
+    """Stored bytes as a Bayeux `data` value, and how they were read: "json" (what Bayeux clients
+    store), "text" (UTF-8 that is not JSON, from a STAN client) or "base64" (any other bytes)."""
+    try:
+        return json.loads(raw), "json"
+    except ValueError:
+        pass
+    try:
+        return raw.decode(), "text"
+    except UnicodeDecodeError:
+        return base64.b64encode(raw).decode(), "base64"

@@ -1,0 +1,321 @@
+"""The Bayeux door over real HTTP with a hand-made client: what the CometD JS client never does on its
+own (acks lower or higher than it was sent, two connects at once, bad input), batches on the wire,
+session expiry, and the HTTP layer itself."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from streaming.bayeux import channels
+from streaming.bayeux import protocol as bx
+from streaming.core.outbound import Publish
+from streaming.running import Running
+from tests.bayeux.harness import MAX_INTERVAL_S, TIMEOUT_S, bayeux_config, raw_client
+from tests.wire.servers import running
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[Running]:
+    async with running(bayeux_config(tmp_path / "data")) as srv:
+        yield srv
+
+
+def datas(deliveries: list[dict[str, Any]]) -> list[object]:
+    return [d["data"] for d in deliveries]
+
+
+def pending(server: Running, channel: str) -> int:
+    return sum(v.pending_count for v in server.core.engine.views() if v.record.channel == channels.to_engine(channel))
+
+
+async def test_first_connect_is_answered_at_once_then_connects_are_held_for_the_timeout(server: Running) -> None:
+    async with raw_client(server.http_api_port) as raw:
+        await raw.handshake()
+        start = trio.current_time()
+        deliveries, reply = await raw.connect(0)  # no timeout:0 either: the first is never held
+        assert trio.current_time() - start < 0.5
+        assert reply["successful"] and reply["ext"] == {"ack": 1} and deliveries == []
+        assert reply["advice"] == {"reconnect": "retry", "interval": 0, "timeout": int(TIMEOUT_S * 1000)}
+        start = trio.current_time()
+        deliveries, reply = await raw.connect(1)
+        held = trio.current_time() - start
+        assert 0.8 * TIMEOUT_S <= held <= 1.2 * TIMEOUT_S
+        assert reply["ext"] == {"ack": 2} and deliveries == []
+
+
+async def test_a_lower_ack_with_several_batches_out_resends_them_first_under_a_new_batch(server: Running) -> None:
+    async with raw_client(server.http_api_port) as sub, raw_client(server.http_api_port) as pub:
+        await sub.handshake()
+        await sub.connect(0, now=True)  # batch 1
+        assert (await sub.subscribe("/chat/a"))["successful"]
+        await pub.handshake()
+        assert (await pub.publish("/chat/a", {"b": 2}))["successful"]
+        deliveries, reply = await sub.connect(1)
+        assert datas(deliveries) == [{"b": 2}] and reply["ext"] == {"ack": 2}
+        assert (await pub.publish("/chat/a", {"b": 3}))["successful"]
+        deliveries, reply = await sub.connect(2)
+        assert datas(deliveries) == [{"b": 3}] and reply["ext"] == {"ack": 3}
+        # The reply for batch 3 "never arrived": the client still acknowledges 2.
+        assert (await pub.publish("/chat/a", {"b": 4}))["successful"]
+        deliveries, reply = await sub.connect(2)
+        assert datas(deliveries) == [{"b": 3}, {"b": 4}] and reply["ext"] == {"ack": 4}
+        # Neither did the reply for batch 4.
+        assert (await pub.publish("/chat/a", {"b": "new"}))["successful"]
+        start = trio.current_time()
+        deliveries, reply = await sub.connect(2)  # no timeout:0, yet answered at once
+        assert trio.current_time() - start < 0.5
+        assert datas(deliveries) == [{"b": 3}, {"b": 4}, {"b": "new"}]
+        assert reply["ext"] == {"ack": 5}
+        assert pending(server, "/chat/a") == 3
+        deliveries, reply = await sub.connect(5, now=True)
+        assert deliveries == [] and reply["ext"] == {"ack": 6}
+        assert pending(server, "/chat/a") == 0
+
+
+async def test_an_ack_past_the_last_batch_removes_only_what_was_sent(server: Running) -> None:
+    async with raw_client(server.http_api_port) as sub, raw_client(server.http_api_port) as pub:
+        await sub.handshake()
+        await sub.connect(0, now=True)
+        await sub.subscribe("/chat/b")
+        await pub.handshake()
+        await pub.publish("/chat/b", 1)
+        deliveries, reply = await sub.connect(1)
+        assert datas(deliveries) == [1] and reply["ext"] == {"ack": 2}
+        await pub.publish("/chat/b", 2)  # queued, not sent yet
+        deliveries, reply = await sub.connect(999)
+        assert datas(deliveries) == [2], "a message never sent was dropped by a hostile ack"
+        assert reply["ext"] == {"ack": 3}
+
+
+async def test_a_second_connect_supersedes_the_held_one(server: Running) -> None:
+    async with (
+        raw_client(server.http_api_port) as sub,
+        raw_client(server.http_api_port) as other,
+        raw_client(server.http_api_port) as pub,
+    ):
+        await sub.handshake()
+        await sub.connect(0, now=True)
+        await sub.subscribe("/chat/c")
+        await pub.handshake()
+        other.client_id = sub.client_id
+        async with trio.open_nursery() as nursery:
+            first: list[list[dict[str, Any]]] = []
+
+            async def held() -> None:
+                first.append(await sub.post([sub.connect_message(1)], "/connect"))
+
+            nursery.start_soon(held)
+            await trio.sleep(0.3)
+            start = trio.current_time()
+            async with trio.open_nursery() as inner:
+                second: list[tuple[list[dict[str, Any]], dict[str, Any]]] = []
+
+                async def held_second() -> None:
+                    second.append(await other.connect(1))
+
+                inner.start_soon(held_second)
+                await trio.sleep(0.3)
+                assert first, "the superseded connect was not answered at once"
+                assert trio.current_time() - start < 0.5
+                (answer,) = first[0]
+                assert answer["successful"] and "ext" not in answer, "a superseded reply carries no batch"
+                await pub.publish("/chat/c", "x")
+            deliveries, reply = second[0]
+            assert datas(deliveries) == ["x"]
+            assert reply["ext"] == {"ack": 2}
+
+
+async def test_disconnect_releases_the_held_connect_and_forgets_the_session(server: Running) -> None:
+    async with raw_client(server.http_api_port) as raw, raw_client(server.http_api_port) as other:
+        await raw.handshake()
+        await raw.connect(0, now=True)
+        await raw.subscribe("/chat/d")
+        other.client_id = raw.client_id
+        async with trio.open_nursery() as nursery:
+            got: list[tuple[list[dict[str, Any]], dict[str, Any]]] = []
+
+            async def held() -> None:
+                got.append(await raw.connect(1))
+
+            nursery.start_soon(held)
+            await trio.sleep(0.3)
+            start = trio.current_time()
+            (reply,) = await other.post([{"id": "99", "channel": "/meta/disconnect", "clientId": raw.client_id}])
+            assert reply == {"id": "99", "channel": "/meta/disconnect", "successful": True}
+        assert trio.current_time() - start < 0.5
+        deliveries, connect_reply = got[0]
+        assert deliveries == [] and connect_reply["advice"]["reconnect"] == "none"
+        assert "ext" not in connect_reply
+        (unknown,) = await raw.post([{"id": "5", "channel": "/chat/d", "data": 1, "clientId": raw.client_id}])
+        assert unknown == {"id": "5", "channel": "/chat/d", "successful": False, "error": bx.SESSION_UNKNOWN}
+        _, reply402 = await raw.connect(2)
+        assert reply402["error"] == bx.SESSION_UNKNOWN
+        assert reply402["advice"] == {"reconnect": "handshake", "interval": 0}
+        assert pending(server, "/chat/d") == 0
+        assert not [v for v in server.core.engine.views() if v.record.channel == "chat.d"]
+
+
+async def test_a_session_that_stops_connecting_expires_and_its_messages_stay_unacknowledged(
+    server: Running,
+) -> None:
+    async with raw_client(server.http_api_port) as sub, raw_client(server.http_api_port) as pub:
+        await sub.handshake()
+        await sub.connect(0, now=True)
+        await sub.subscribe("/chat/e")
+        await pub.handshake()
+        await pub.publish("/chat/e", "never acked")
+        deliveries, _ = await sub.connect(1)
+        assert datas(deliveries) == ["never acked"]
+        views = [v for v in server.core.engine.views() if v.record.channel == "chat.e"]
+        assert len(views) == 1 and views[0].pending_count == 1
+        store_sub = views[0].record.sub_id
+        assert server.bayeux is not None
+        assert server.bayeux.statistics().sessions == 2
+        # The publisher keeps its session alive with a publish; the subscriber never connects again.
+        await trio.sleep(MAX_INTERVAL_S - 1)
+        await pub.publish("/chat/e", "keeping alive")
+        await trio.sleep(2.5)
+        assert server.bayeux.statistics().sessions == 1
+        assert server.bayeux.statistics().expired_sessions == 1
+        assert not [v for v in server.core.engine.views() if v.record.sub_id == store_sub]
+        acked = [u for u in server.store.recover().subscriptions if u.record.sub_id == store_sub]
+        assert acked == [], "the subscription of an expired session is gone from the store too"
+        _, reply = await sub.connect(2)
+        assert reply["error"] == bx.SESSION_UNKNOWN
+
+
+async def test_errors_are_answered_in_the_json_with_status_200(server: Running) -> None:
+    async with raw_client(server.http_api_port) as raw:
+        await raw.handshake()
+        cid = raw.client_id
+        answers = await raw.post(
+            [
+                {"id": "1", "channel": "/chat/x", "data": 1, "clientId": "bogus"},
+                {"id": "2", "channel": "/meta/subscribe", "subscription": "/a", "clientId": "bogus"},
+                {"id": "3", "channel": "/meta/subscribe", "clientId": cid},
+                {"id": "4", "channel": "/meta/subscribe", "subscription": "/meta/foo", "clientId": cid},
+                {"id": "5", "clientId": cid, "data": 1},
+                {"id": "6", "channel": "no-slash", "clientId": cid},
+                {"id": "7 !", "channel": "/chat/x", "clientId": cid},
+                {"id": "8", "channel": "/meta/unsubscribe", "subscription": "/never", "clientId": cid},
+                {"id": "9", "channel": "/meta/subscribe", "subscription": 5, "clientId": cid},
+                {"id": "10", "channel": "/meta/subscribe", "subscription": "/chat/*", "clientId": cid},
+                {"id": "11", "channel": "/meta/whatever", "clientId": cid},
+                7,
+            ]
+        )
+        errors = [a.get("error") for a in answers]
+        assert errors == [
+            bx.SESSION_UNKNOWN,
+            bx.SESSION_UNKNOWN,
+            bx.SUBSCRIPTION_MISSING,
+            bx.SUBSCRIBE_FAILED,
+            bx.CHANNEL_MISSING,
+            bx.CHANNEL_INVALID,
+            bx.MESSAGE_ID_INVALID,
+            bx.CHANNEL_MISSING,
+            bx.SUBSCRIPTION_INVALID,
+            bx.SUBSCRIBE_FAILED,
+            "400::channel_unknown",
+            bx.MESSAGE_INVALID,
+        ]
+        assert all(a["successful"] is False for a in answers)
+        assert "advice" not in answers[0], "no reconnect advice outside handshake and connect replies"
+        # The session itself is unharmed.
+        assert (await raw.subscribe("/chat/x"))["successful"]
+
+
+async def test_bad_bodies_get_an_http_error_and_others_keep_working(server: Running) -> None:
+    async with raw_client(server.http_api_port) as raw, raw_client(server.http_api_port) as good:
+        await good.handshake()
+        await good.connect(0, now=True)
+        await good.subscribe("/chat/y")
+        for body, status in [(b"not json", 400), (b'"a string"', 400), (b"[]", 400), (b"{", 400)]:
+            response = await raw.http.post("/cometd", content=body, headers={"content-type": "application/json"})
+            assert response.status_code == status, body
+            assert response.json()[0]["successful"] is False
+        big = json.dumps([{"channel": "/chat/y", "data": "x" * (2 * 1024 * 1024)}]).encode()
+        response = await raw.http.post("/cometd", content=big, headers={"content-type": "application/json"})
+        assert response.status_code == 413
+        assert (await good.publish("/chat/y", "still fine"))["successful"]
+        deliveries, _ = await good.connect(1)
+        assert datas(deliveries) == ["still fine"]
+
+
+async def test_every_path_takes_posts_and_chunked_bodies_and_websocket_is_refused(server: Running) -> None:
+    async with raw_client(server.http_api_port) as raw:
+        await raw.handshake()
+        for suffix in ("", "/", "/handshake", "/connect", "/disconnect"):
+            message = {"id": "1", "channel": "/chat/p", "data": suffix, "clientId": raw.client_id}
+            (reply,) = await raw.post([message], suffix)
+            assert reply["successful"], suffix
+
+        async def chunks() -> AsyncIterator[bytes]:
+            body = json.dumps([{"id": "2", "channel": "/chat/p", "data": "chunked", "clientId": raw.client_id}])
+            for i in range(0, len(body), 7):
+                yield body[i : i + 7].encode()
+
+        response = await raw.http.post("/cometd/", content=chunks(), headers={"content-type": "application/json"})
+        assert response.status_code == 200 and response.json()[0]["successful"]
+        assert response.headers["content-type"] == "application/json;charset=UTF-8"
+        upgrade = await raw.http.get(
+            "/cometd",
+            headers={
+                "Upgrade": "websocket",
+                "Connection": "Upgrade",
+                "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+                "Sec-WebSocket-Version": "13",
+            },
+        )
+        assert upgrade.status_code != 101 and upgrade.status_code >= 400
+
+
+async def test_a_session_without_the_extension_gets_its_messages_with_no_batch_numbers(server: Running) -> None:
+    async with raw_client(server.http_api_port) as sub, raw_client(server.http_api_port) as pub:
+        reply = await sub.handshake(ack=False)
+        assert "ext" not in reply
+        _, first = await sub.connect(now=True)
+        assert "ext" not in first
+        await sub.subscribe("/chat/plain")
+        await pub.handshake()
+        await pub.publish("/chat/plain", 1)
+        deliveries, reply = await sub.connect()
+        assert datas(deliveries) == [1] and "ext" not in reply
+        assert pending(server, "/chat/plain") == 0, "written into a reply: acknowledged to the engine at once"
+
+
+async def test_a_message_that_is_not_json_reaches_bayeux_as_text_or_base64(server: Running) -> None:
+    async with raw_client(server.http_api_port) as sub:
+        await sub.handshake()
+        await sub.connect(0, now=True)
+        await sub.subscribe("/raw/bytes")
+        core = server.core
+        for data in (b"plain words", b"\xff\x00binary"):
+            core.publish(Publish("raw.bytes", data, "", "g", "", None))
+        await core.flush_publishes()
+        deliveries, _ = await sub.connect(1)
+        assert [(d["data"], d["ext"].get("encoding")) for d in deliveries] == [
+            ("plain words", "text"),
+            ("/wBiaW5hcnk=", "base64"),
+        ]
+
+
+async def test_a_publish_is_answered_only_after_it_is_stored(tmp_path: Path) -> None:
+    directory = tmp_path / "data"
+    async with running(bayeux_config(directory)) as srv, raw_client(srv.http_api_port) as raw:
+        await raw.handshake()
+        for n in range(5):
+            assert (await raw.publish("/stored/here", {"n": n}))["successful"]
+        info = srv.store.channel_info("stored.here")
+        assert info is not None and info.last_seq == 5
+    async with running(bayeux_config(directory)) as srv:
+        messages = srv.store.read("stored.here", 1, 10)
+        assert [json.loads(m.data) for m in messages] == [{"n": n} for n in range(5)]

@@ -1,0 +1,182 @@
+"""The sans-IO Bayeux layer with no HTTP: the channel mapping, message checks on arbitrary input, and
+the ack extension's batches as a Hypothesis state machine (a client that loses replies, and one that
+acknowledges anything at all)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from streaming.bayeux import channels
+from streaming.bayeux import protocol as bx
+from streaming.stan.requests import valid_channel
+
+_ALPHABET = "abcXYZ019 !#$()*+-.@_{}~"
+segment = st.text(alphabet=_ALPHABET, min_size=1, max_size=8).filter(lambda s: s not in ("*", "**"))
+concrete = st.lists(segment, min_size=1, max_size=4).map(lambda parts: "/" + "/".join(parts))
+
+
+@given(concrete)
+def test_a_concrete_channel_maps_to_a_valid_engine_channel_and_back(channel: str) -> None:
+    assert channels.valid(channel) and channels.mappable(channel)
+    name = channels.to_engine(channel)
+    assert valid_channel(name), name
+    assert channels.from_engine(name) == channel
+
+
+@given(concrete, concrete)
+def test_the_mapping_is_injective(a: str, b: str) -> None:
+    if a != b:
+        assert channels.to_engine(a) != channels.to_engine(b)
+
+
+def test_plain_names_map_as_users_would_guess() -> None:
+    assert channels.to_engine("/orders/eu") == "orders.eu"
+    assert channels.from_engine("orders.eu") == "/orders/eu"
+    assert channels.to_engine("/a.b/c d") == "a~2Eb.c~20d"
+    for bad in ("/", "orders", "/a//b", "/a/", "/é", 5, None):
+        assert not (channels.valid(bad) and channels.mappable(str(bad)))
+    assert channels.is_wildcard("/chat/*") and channels.is_wildcard("/chat/**")
+
+
+@given(st.binary(max_size=200))
+def test_any_body_is_messages_or_a_clear_error(body: bytes) -> None:
+    try:
+        messages = bx.parse_body(body)
+    except bx.BadBody as exc:
+        assert str(exc)
+    else:
+        assert isinstance(messages, list) and messages
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3),
+    max_leaves=10,
+)
+message_like = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": json_values,
+        "channel": st.sampled_from(["/meta/connect", "/a/b", "", "x"]) | json_values,
+        "clientId": json_values,
+        "subscription": json_values,
+        "ext": json_values,
+        "advice": json_values,
+    },
+)
+
+
+@given(st.one_of(json_values, message_like))
+def test_any_json_message_is_checked_without_raising(message: Any) -> None:
+    bad = bx.check(message)
+    if bad is not None:
+        assert bad["successful"] is False and bad["error"]
+        json.dumps(bad)
+        return
+    assert isinstance(message, dict) and channels.valid(message["channel"])
+    names = bx.subscriptions_of(message)
+    if isinstance(names, dict):
+        assert names["successful"] is False
+    bx.client_wants_now(message)
+    bx.wants_ack(message)
+    bx.session_unknown(message)
+
+
+@given(st.binary(max_size=50))
+def test_stored_bytes_always_reach_bayeux_as_some_data(raw: bytes) -> None:
+    data, how = bx.decode_data(raw)
+    assert how in ("json", "text", "base64")
+    json.dumps(data)
+    if how == "json":
+        assert bx.encode_data(data) == bx.encode_data(json.loads(raw))
+
+
+class AckedDelivery(RuleBasedStateMachine):
+    """One ack-enabled session and a client that behaves as the JS AckExtension does (it sends the last
+    batch number it received), with replies that get lost on the way, and now and then an ack that
+    no real client would send.
+
+    Invariants: the queue keeps the order messages were queued in; nothing leaves the queue before a
+    reply carried it; the client sees every message exactly once and in order as long as it only
+    ever acknowledges what it received.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.session = bx.Session("c", ack_enabled=True, expires_at=0.0)
+        self.queued: list[int] = []  # every message ever queued, in order
+        self.sent_once: set[int] = set()  # carried by some reply
+        self.removed: list[int] = []  # left the queue (acknowledged to the engine)
+        self.seen: list[int] = []  # what the client application saw
+        self.client_batch = 0  # the last batch number the client received
+        self.honest = True
+
+    @rule(count=st.integers(min_value=1, max_value=3))
+    def queue(self, count: int) -> None:
+        start = len(self.queued)
+        entries = [bx.Entry(self.session.tag(), {}, 1, seq) for seq in range(start + 1, start + count + 1)]
+        self.session.queue(entries)
+        self.queued.extend(e.seq for e in entries)
+
+    def _round_trip(self, ack: object, *, lost: bool) -> None:
+        self.removed.extend(e.seq for e in self.session.acknowledge(ack))
+        batch, entries, _ = self.session.close_batch()
+        assert batch is not None and batch > self.client_batch
+        self.sent_once.update(e.seq for e in entries)
+        if not lost:
+            # The client has not seen what it acknowledged (the JS client dedups nothing): a message
+            # seen before would show up as a duplicate here.
+            self.seen.extend(e.seq for e in entries)
+            self.client_batch = batch
+
+    @rule()
+    def connect(self) -> None:
+        self._round_trip(self.client_batch, lost=False)
+
+    @rule()
+    def connect_reply_lost(self) -> None:
+        self._round_trip(self.client_batch, lost=True)
+        # The client never saw those messages; what it saw stays as it was.
+
+    @precondition(lambda self: self.session.next_batch > 1)
+    @rule(ack=st.one_of(st.integers(min_value=-5, max_value=1000), st.none(), st.text(max_size=2), st.booleans()))
+    def connect_with_any_ack(self, ack: object) -> None:
+        self.honest = False
+        self._round_trip(ack, lost=False)
+
+    @invariant()
+    def queue_keeps_the_order_of_queueing(self) -> None:
+        seqs = [e.seq for e in self.session.unacked]
+        assert seqs == sorted(seqs)
+        assert self.removed + seqs == self.queued, "the queue lost or reordered messages"
+
+    @invariant()
+    def nothing_leaves_the_queue_unsent(self) -> None:
+        assert set(self.removed) <= self.sent_once
+
+    @invariant()
+    def tags_never_decrease(self) -> None:
+        tags = [e.tag for e in self.session.unacked]
+        assert tags == sorted(tags)
+
+    @invariant()
+    def an_honest_client_sees_each_message_once_in_order(self) -> None:
+        if self.honest:
+            assert self.seen == self.queued[: len(self.seen)], "a gap, duplicate or reordering"
+
+
+TestAckedDelivery = AckedDelivery.TestCase
+
+
+def test_a_session_without_acks_hands_over_what_it_sends() -> None:
+    session = bx.Session("c", ack_enabled=False, expires_at=0.0)
+    session.queue([bx.Entry(session.tag(), {}, 1, 1), bx.Entry(session.tag(), {}, 1, 2)])
+    assert session.acknowledge(5) == []
+    batch, entries, resent = session.close_batch()
+    assert batch is None and [e.seq for e in entries] == [1, 2] and resent == 0
+    assert not session.has_to_send()
