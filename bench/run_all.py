@@ -7,7 +7,8 @@ result. The table lists the figures the issues set targets for; `--markdown` wri
 (with the date, the machine and the command) for bench/README.md; `--plots DIR` passes `--plot` to
 the scripts that draw one. With `--json` the last line holds every script's result by name.
 Where the Node clients are installed (`npm ci --prefix bench/node`), publish, consume and event_log
-also run with Node clients on both sides (`--clients both`), the fair comparison with JetStream.
+also run with Node clients on both sides (`--clients both`), the fair comparison with JetStream, and
+bayeux runs (the CometD client against ours and Faye).
 """
 
 from __future__ import annotations
@@ -31,7 +32,20 @@ from rich.console import Console  # noqa: E402
 
 from bench.report import print_report  # noqa: E402
 
-SCRIPTS = ("publish", "consume", "redelivery", "latency", "recovery", "storm", "wire", "engine", "storage", "event_log")
+SCRIPTS = (
+    "publish",
+    "consume",
+    "redelivery",
+    "latency",
+    "recovery",
+    "storm",
+    "wire",
+    "engine",
+    "storage",
+    "event_log",
+    "bayeux",
+)
+NODE_ONLY = {"bayeux"}  # needs the Node clients (the CometD client, and Faye as the peer)
 PLOTS = {"publish", "consume", "redelivery", "latency", "storm"}
 # Where Node is installed (`npm ci --prefix bench/node`), these also run with fast clients on both sides.
 NODE_ARGS = {"publish": ["--clients", "both"], "consume": ["--clients", "both"], "event_log": ["--clients", "both"]}
@@ -80,6 +94,11 @@ HEADLINES: list[tuple[str, str, str, Check | None]] = [
     ("engine", "deliver_ack_per_s", ">= 300,000", lambda v: v >= 300_000),
     ("event_log", "consume_ack_ratio_with_log", ">= 0.85", lambda v: v >= 0.85),
     ("event_log", "node_consume_ratio_observed", ">= 0.9", lambda v: v >= 0.9),
+    ("bayeux", "ours_msgs_per_s", "", None),
+    ("bayeux", "faye_msgs_per_s", "", None),
+    ("bayeux", "throughput_ratio_vs_faye", ">= 1.0", lambda v: v >= 1.0),
+    ("bayeux", "ours_p99_ms", "", None),
+    ("bayeux", "p99_ratio_vs_faye", "<= 1.5", lambda v: v <= 1.5),
 ]
 
 
@@ -116,7 +135,7 @@ def main() -> None:
     if args.plots is not None:
         args.plots.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, Any]] = {}
-    for name in args.only or SCRIPTS:
+    for name in args.only or [s for s in SCRIPTS if NODE_READY or s not in NODE_ONLY]:
         console.print(f"running bench/{name}.py{' --quick' if args.quick else ''} ...")
         results[name] = run_script(name, args.quick, args.plots, console)
     rows = []

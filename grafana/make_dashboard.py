@@ -234,6 +234,38 @@ ROWS: list[tuple[str, list[tuple[str, str, str, list[tuple[str, str]]]]]] = [
         ],
     ),
     (
+        "Bayeux (HTTP clients)",
+        [
+            (
+                "Sessions / held connects",
+                "timeseries",
+                "short",
+                [
+                    ('streaming_bayeux_sessions{job=~"$job"}', "sessions"),
+                    ('streaming_bayeux_held_connects{job=~"$job"}', "held connects"),
+                ],
+            ),
+            (
+                "Messages out by batch / sent again/s",
+                "timeseries",
+                "ops",
+                [
+                    (f"sum(rate(streaming_bayeux_delivered_messages_total{RI}))", "written into replies"),
+                    (f"sum(rate(streaming_bayeux_resent_messages_total{RI}))", "sent again (batch not acknowledged)"),
+                ],
+            ),
+            (
+                "Queued in sessions / expiries",
+                "timeseries",
+                "short",
+                [
+                    ('streaming_bayeux_queued_messages{job=~"$job"}', "queued or unacknowledged"),
+                    (f"sum(increase(streaming_bayeux_expired_sessions_total{RI}))", "sessions expired"),
+                ],
+            ),
+        ],
+    ),
+    (
         "Process",
         [
             ("CPU", "timeseries", "percentunit", [(f'rate(process_cpu_seconds_total{{job=~"$job"}}{RI})', "cpu")]),

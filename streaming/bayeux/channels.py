@@ -9,6 +9,7 @@ publishing to `orders.eu` reaches a CometD subscriber of `/orders/eu` and the ot
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Final
 
@@ -18,9 +19,15 @@ _PLAIN: Final = re.compile(r"[A-Za-z0-9_-]")
 _ESCAPED: Final = re.compile(r"~([0-9A-F]{2})")
 
 
+# The same few names come with every message of a busy client: each check and mapping is made once.
+@functools.lru_cache(maxsize=4096)
+def _valid(channel: str) -> bool:
+    return len(channel) >= 2 and _VALID.fullmatch(channel) is not None
+
+
 def valid(channel: object) -> bool:
     """Whether a Bayeux client may name this channel at all (CometD's validator)."""
-    return isinstance(channel, str) and len(channel) >= 2 and _VALID.fullmatch(channel) is not None
+    return isinstance(channel, str) and _valid(channel)
 
 
 def segments(channel: str) -> list[str]:
@@ -39,6 +46,7 @@ def is_wildcard(channel: str) -> bool:
     return segments(channel)[-1] in ("*", "**")
 
 
+@functools.lru_cache(maxsize=4096)
 def mappable(channel: str) -> bool:
     """A concrete channel with an engine name: no empty segment, no wildcard."""
     parts = segments(channel)
@@ -49,6 +57,7 @@ def _escape(segment: str) -> str:
     return "".join(c if _PLAIN.match(c) else f"~{ord(c):02X}" for c in segment)
 
 
+@functools.lru_cache(maxsize=4096)
 def to_engine(channel: str) -> str:
     """`/orders/eu` -> `orders.eu`; only for channels that are `valid` and `mappable`."""
     return ".".join(_escape(s) for s in segments(channel))

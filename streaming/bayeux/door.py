@@ -16,6 +16,7 @@ its subscriptions start at new messages, as with CometD.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import secrets
@@ -80,12 +81,16 @@ class _Live:
         self.hold: _Hold | None = None
 
 
-class _PublishWait:
-    __slots__ = ("error", "event")
+class _Commits:
+    """The publishes of one request: done when the last is committed; `errors` by index in the answer."""
+
+    __slots__ = ("done", "errors", "messages", "remaining")
 
     def __init__(self) -> None:
-        self.event = trio.Event()
-        self.error: Exception | None = None
+        self.done = trio.Event()
+        self.remaining = 0
+        self.errors: dict[int, Exception] = {}
+        self.messages: dict[int, dict[str, Any]] = {}  # by index in the answer
 
 
 class BayeuxDoor:
@@ -93,8 +98,9 @@ class BayeuxDoor:
         self.core = core
         self.settings = settings
         self._sessions: dict[str, _Live] = {}
-        self._by_sub: dict[int, tuple[_Live, str]] = {}  # engine sub id -> its session, Bayeux channel
-        self._waits: dict[str, _PublishWait] = {}
+        # engine sub id -> its session, and its Bayeux channel as JSON
+        self._by_sub: dict[int, tuple[_Live, bytes]] = {}
+        self._commits: dict[str, _Commits] = {}
         self._next = 0
         self._handshakes = self._expired = self._batches = self._delivered = self._resent = self._published = 0
         core.doors.add(self, INBOX_PREFIX)
@@ -127,11 +133,12 @@ class BayeuxDoor:
 
     # -- requests ------------------------------------------------------------------------------
 
-    async def handle(self, messages: list[Any]) -> list[dict[str, Any]]:
-        """Answer one request's messages, in order (deliveries first in a connect's answer)."""
+    async def handle(self, messages: list[Any]) -> list[dict[str, Any] | bytes]:
+        """Answer one request's messages, in order: replies, and deliveries already encoded (first in
+        a connect's answer). Publishes are answered once the last of them is committed."""
         await self.core.ready.wait()
-        out: list[dict[str, Any]] = []
-        waits: list[tuple[int, _PublishWait]] = []  # (index in out, its commit)
+        out: list[dict[str, Any] | bytes] = []
+        commits: _Commits | None = None
         alone = len(messages) == 1
         for message in messages:
             bad = bx.check(message)
@@ -161,14 +168,13 @@ class BayeuxDoor:
             elif channels.is_meta(channel):
                 out.append(bx.error(message, _META_UNKNOWN))
             else:
-                answer, wait = await self._publish(message)
-                if wait is not None:
-                    waits.append((len(out), wait))
-                out.append(answer)
-        for index, wait in waits:
-            await wait.event.wait()
-            if wait.error is not None:
-                out[index] = bx.error(out[index], _publish_error(wait.error))
+                if commits is None:
+                    commits = _Commits()
+                out.append(await self._publish(message, commits, len(out)))
+        if commits is not None and commits.remaining:
+            await commits.done.wait()
+            for index, error in commits.errors.items():
+                out[index] = bx.error(commits.messages[index], _publish_error(error))
         return out
 
     def _handshake(self, message: dict[str, Any], alone: bool) -> dict[str, Any]:
@@ -186,7 +192,7 @@ class BayeuxDoor:
         session = live.session
         session.expires_at = max(session.expires_at, trio.current_time() + self.settings.max_interval_s)
 
-    async def _connect(self, live: _Live, message: dict[str, Any], alone: bool) -> list[dict[str, Any]]:
+    async def _connect(self, live: _Live, message: dict[str, Any], alone: bool) -> list[dict[str, Any] | bytes]:
         session, settings = live.session, self.settings
         if live.hold is not None:
             live.hold.superseded = True
@@ -197,10 +203,13 @@ class BayeuxDoor:
         session.expires_at = math.inf
         if alone and session.connected and not bx.client_wants_now(message) and not session.has_to_send():
             hold = live.hold = _Hold()
-            with trio.move_on_after(settings.timeout_s):
-                await hold.event.wait()
-            if live.hold is hold:
-                live.hold = None
+            try:
+                with trio.move_on_after(settings.timeout_s):
+                    await hold.event.wait()
+            finally:
+                if live.hold is hold:  # timed out, or cancelled (the client went away): expiry runs again
+                    live.hold = None
+                    session.expires_at = trio.current_time() + settings.interval_s + settings.max_interval_s
             if hold.superseded:
                 return [bx.superseded_reply(message, settings)]
             if hold.disconnected:
@@ -276,7 +285,7 @@ class BayeuxDoor:
 
                 def answer(sub_id: int, name: str = name) -> None:
                     session.subscriptions[name] = sub_id
-                    self._by_sub[sub_id] = (live, name)
+                    self._by_sub[sub_id] = (live, json.dumps(name, ensure_ascii=False).encode())
 
                 self.core.pipeline.subscribe(request, answer)
             except (RequestError, StoreError) as exc:
@@ -297,42 +306,42 @@ class BayeuxDoor:
             self.core.pipeline.unsubscribe(sub_id)
         return bx.reply(message, successful=True, subscription=message["subscription"])
 
-    async def _publish(self, message: dict[str, Any]) -> tuple[dict[str, Any], _PublishWait | None]:
+    async def _publish(self, message: dict[str, Any], commits: _Commits, index: int) -> dict[str, Any] | bytes:
+        """Hand one publish to the group commit; its answer (at `index`) stands once `commits` is done."""
         channel: str = message["channel"]
         if channels.is_service(channel):
-            return bx.reply(message, successful=True), None  # no server-side handlers: not broadcast
+            return bx.reply(message, successful=True)  # no server-side handlers: not broadcast
         if not channels.mappable(channel):
-            return bx.error(message, bx.CHANNEL_INVALID), None
+            return bx.error(message, bx.CHANNEL_INVALID)
         engine_channel = channels.to_engine(channel)
         if engine_channel in self.core.pipeline.deleting:
-            return bx.error(message, bx.PUBLISH_FAILED), None
-        self._next += 1
+            return bx.error(message, bx.PUBLISH_FAILED)
+        if not commits.remaining:
+            self._next += 1
+            self._commits[f"{INBOX_PREFIX}p{self._next}"] = commits
         key = f"{INBOX_PREFIX}p{self._next}"
-        wait = self._waits[key] = _PublishWait()
-        publish = Publish(engine_channel, bx.encode_data(message.get("data")), "", key, key, self)
+        commits.remaining += 1
+        commits.messages[index] = message
+        publish = Publish(engine_channel, bx.encode_data(message.get("data")), "", str(index), key, self)
         pending = self.core.publish(publish)
         if pending is not None:
             await pending  # the commit queue is full: back-pressure, as for a STAN publisher
-        return bx.reply(message, successful=True), wait
+        return bx.published(message)
 
     # -- the outbound port ---------------------------------------------------------------------
 
     def deliver(self, deliveries: Sequence[Delivery]) -> None:
         woken: list[_Live] = []
         by_sub = self._by_sub
+        encode = bx.delivery
         for d in deliveries:
             owner = by_sub.get(d.sub_id)
             if owner is None or d.attempt > 1:
                 continue
-            live, channel = owner
+            live, channel_json = owner
             m = d.message
-            data, how = bx.decode_data(m.data)
-            ext: dict[str, Any] = {"seq": m.seq, "timestamp": m.timestamp_unix_ns}
-            if how != "json":
-                ext["encoding"] = how
-            message = {"channel": channel, "data": data, "id": f"{d.sub_id}x{m.seq}", "ext": ext}
-            session = live.session
-            session.queue((bx.Entry(session.tag(), message, d.sub_id, m.seq),))
+            message = encode(channel_json, f"{d.sub_id}x{m.seq}", m.seq, m.timestamp_unix_ns, m.data)
+            live.session.queue(message, d.sub_id, m.seq)
             if live.hold is not None:
                 woken.append(live)
         for live in woken:
@@ -342,13 +351,18 @@ class BayeuxDoor:
 
     def published(self, publishes: Sequence[Publish], errors: dict[int, Exception]) -> None:
         for p in publishes:
-            wait = self._waits.pop(p.ack_to, None)
-            if wait is None:
+            commits = self._commits.get(p.ack_to)
+            if commits is None:
                 continue
-            wait.error = errors.get(id(p)) if errors else None
-            if wait.error is None:
+            error = errors.get(id(p)) if errors else None
+            if error is None:
                 self._published += 1
-            wait.event.set()
+            else:
+                commits.errors[int(p.guid)] = error
+            commits.remaining -= 1
+            if not commits.remaining:
+                del self._commits[p.ack_to]
+                commits.done.set()
 
     def holding(self) -> AbstractContextManager[None]:
         return nullcontext()

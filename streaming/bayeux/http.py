@@ -46,8 +46,8 @@ class BayeuxApp:
             messages = bx.parse_body(bytes(body))
         except bx.BadBody as exc:
             return _problem(400, str(exc))
-        answers = await self.door.handle(messages)
-        return JSONResponse(answers, media_type=_JSON)
+        answer = await self.door.handle(messages)
+        return Response(bx.encode_answer(answer), media_type=_JSON)
 
     async def refuse_get(self, request: Request) -> Response:
         return _problem(400, "this endpoint takes Bayeux messages by POST (long-polling); WebSocket is not offered")

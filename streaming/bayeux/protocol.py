@@ -18,7 +18,6 @@ import base64
 import json
 import secrets
 from collections import deque
-from collections.abc import Iterable
 from typing import Any, Final
 
 import attrs
@@ -63,7 +62,7 @@ class Entry:
     whether a connect reply carried it already (it goes again until acknowledged)."""
 
     tag: int
-    message: dict[str, Any]
+    message: bytes  # the delivery, encoded (see `delivery`)
     sub_id: int
     seq: int
     sent: bool = False
@@ -81,11 +80,9 @@ class Session:
         self.expires_at = expires_at  # inf while a connect is held
         self.subscriptions: dict[str, int] = {}
 
-    def queue(self, entries: Iterable[Entry]) -> None:
-        self.unacked.extend(entries)
-
-    def tag(self) -> int:
-        return self.next_batch
+    def queue(self, message: bytes, sub_id: int, seq: int) -> None:
+        """A delivery routed to the session, tagged with the open batch."""
+        self.unacked.append(Entry(self.next_batch, message, sub_id, seq))
 
     def has_to_send(self) -> bool:
         return bool(self.unacked)
@@ -240,14 +237,54 @@ def encode_data(data: Any) -> bytes:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def decode_data(raw: bytes) -> tuple[Any, str]:
-    """Stored bytes as a Bayeux `data` value, and how they were read: "json" (what Bayeux clients
-    store), "text" (UTF-8 that is not JSON, from a STAN client) or "base64" (any other bytes)."""
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # json.loads would take NaN and Infinity; JSON.parse does not
+
+
+_strict = json.JSONDecoder(parse_constant=_no_constants)
+
+
+def data_json(raw: bytes) -> tuple[bytes, str]:
+    """Stored bytes as the JSON text of a Bayeux `data` value, and how they were read: "json" (what
+    Bayeux clients store: the bytes themselves, not parsed and written again), "text" (UTF-8 that is
+    not JSON, from a STAN client: a JSON string) or "base64" (any other bytes: a base64 string)."""
     try:
-        return json.loads(raw), "json"
-    except ValueError:
-        pass
-    try:
-        return raw.decode(), "text"
+        text = raw.decode()
     except UnicodeDecodeError:
-        return base64.b64encode(raw).decode(), "base64"
+        return b'"' + base64.b64encode(raw) + b'"', "base64"
+    try:
+        _strict.decode(text)
+    except ValueError:
+        return json.dumps(text, ensure_ascii=False).encode(), "text"
+    return raw, "json"
+
+
+def delivery(channel_json: bytes, msg_id: str, seq: int, timestamp_unix_ns: int, raw: bytes) -> bytes:
+    """One delivery as it goes into a connect reply, encoded once: `{channel, data, id, ext}`."""
+    data, how = data_json(raw)
+    encoding = b"" if how == "json" else b',"encoding":"' + how.encode() + b'"'
+    return b'{"channel":%s,"data":%s,"id":"%s","ext":{"seq":%d,"timestamp":%d%s}}' % (
+        channel_json,
+        data,
+        msg_id.encode(),
+        seq,
+        timestamp_unix_ns,
+        encoding,
+    )
+
+
+def published(message: dict[str, Any]) -> bytes:
+    """The reply to a stored publish, encoded: a checked id is alphanumeric and a valid channel name
+    holds no character JSON escapes, so both go in as they are."""
+    if "id" in message:
+        return b'{"id":"%s","channel":"%s","successful":true}' % (message["id"].encode(), message["channel"].encode())
+    return b'{"channel":"%s","successful":true}' % message["channel"].encode()
+
+
+def encode_answer(parts: list[dict[str, Any] | bytes]) -> bytes:
+    """A response body: a JSON array of replies (dicts) and deliveries (already encoded)."""
+    dumps = _compact.encode
+    return b"[" + b",".join(p if isinstance(p, bytes) else dumps(p).encode() for p in parts) + b"]"
+
+
+_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)

@@ -4,9 +4,11 @@ acknowledges anything at all)."""
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -87,13 +89,26 @@ def test_any_json_message_is_checked_without_raising(message: Any) -> None:
     bx.session_unknown(message)
 
 
-@given(st.binary(max_size=50))
-def test_stored_bytes_always_reach_bayeux_as_some_data(raw: bytes) -> None:
-    data, how = bx.decode_data(raw)
-    assert how in ("json", "text", "base64")
-    json.dumps(data)
+@given(st.one_of(st.binary(max_size=50), json_values.map(bx.encode_data), st.sampled_from([b"NaN", b"[Infinity]"])))
+def test_stored_bytes_always_reach_bayeux_as_valid_json(raw: bytes) -> None:
+    encoded = bx.delivery(b'"/a"', "1x2", 2, 5, raw)
+    message = json.loads(encoded, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+    assert message["channel"] == "/a" and message["id"] == "1x2" and message["ext"]["seq"] == 2
+    how = message["ext"].get("encoding", "json")
     if how == "json":
-        assert bx.encode_data(data) == bx.encode_data(json.loads(raw))
+        assert message["data"] == json.loads(raw)
+    elif how == "text":
+        assert message["data"] == raw.decode()
+    else:
+        assert base64.b64decode(message["data"]) == raw
+
+
+def test_an_answer_is_one_json_array_of_replies_and_deliveries() -> None:
+    body = bx.encode_answer([bx.delivery(b'"/a"', "1x1", 1, 0, b'{"n":1}'), {"channel": "/meta/connect"}])
+    assert json.loads(body) == [
+        {"channel": "/a", "data": {"n": 1}, "id": "1x1", "ext": {"seq": 1, "timestamp": 0}},
+        {"channel": "/meta/connect"},
+    ]
 
 
 class AckedDelivery(RuleBasedStateMachine):
@@ -119,9 +134,9 @@ class AckedDelivery(RuleBasedStateMachine):
     @rule(count=st.integers(min_value=1, max_value=3))
     def queue(self, count: int) -> None:
         start = len(self.queued)
-        entries = [bx.Entry(self.session.tag(), {}, 1, seq) for seq in range(start + 1, start + count + 1)]
-        self.session.queue(entries)
-        self.queued.extend(e.seq for e in entries)
+        for seq in range(start + 1, start + count + 1):
+            self.session.queue(b"{}", 1, seq)
+            self.queued.append(seq)
 
     def _round_trip(self, ack: object, *, lost: bool) -> None:
         self.removed.extend(e.seq for e in self.session.acknowledge(ack))
@@ -175,7 +190,8 @@ TestAckedDelivery = AckedDelivery.TestCase
 
 def test_a_session_without_acks_hands_over_what_it_sends() -> None:
     session = bx.Session("c", ack_enabled=False, expires_at=0.0)
-    session.queue([bx.Entry(session.tag(), {}, 1, 1), bx.Entry(session.tag(), {}, 1, 2)])
+    session.queue(b"{}", 1, 1)
+    session.queue(b"{}", 1, 2)
     assert session.acknowledge(5) == []
     batch, entries, resent = session.close_batch()
     assert batch is None and [e.seq for e in entries] == [1, 2] and resent == 0

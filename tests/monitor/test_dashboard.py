@@ -31,6 +31,7 @@ def test_panels_are_regular() -> None:
         "Ack latency vs AckWait",
         "Queue groups",
         "Storage",
+        "Bayeux (HTTP clients)",
         "Process",
     ]
     for panel in panels(dashboard):
@@ -51,7 +52,7 @@ def test_every_rate_and_increase_uses_the_rate_interval() -> None:
 
 
 async def test_every_metric_in_an_expression_exists_in_a_real_scrape(tmp_path: Path) -> None:
-    async with running(config(tmp_path, http_port=-1)) as server:
+    async with running(config(tmp_path, http_port=-1, http_api_port=-1)) as server:
         async with scripted_run(server.port), httpx.AsyncClient() as http:
             text = (await http.get(f"http://127.0.0.1:{server.http_port}/metrics")).text
     exposed = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}

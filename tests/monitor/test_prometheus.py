@@ -61,7 +61,7 @@ async def keep_busy(port: int, seconds: float) -> None:
 async def test_every_dashboard_expression_returns_data_from_a_real_prometheus(tmp_path: Path) -> None:
     assert PROMETHEUS is not None
     prom_port = free_port()
-    async with running(config(tmp_path / "data", http_port=-1)) as server:
+    async with running(config(tmp_path / "data", http_port=-1, http_api_port=-1)) as server:
         (tmp_path / "prometheus.yml").write_text(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
             "scrape_configs:\n  - job_name: streaming\n"

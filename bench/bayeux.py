@@ -1,0 +1,126 @@
+"""Bayeux (CometD) delivery: ours (ack extension on, durable log, fsync per commit) vs Faye, same run.
+
+    python bench/bayeux.py [--quick] [--json] [--runs N] [--rate R]
+
+Both servers are driven by the same real client, `cometd@9` + `cometd-nodejs-client@2` under Node
+with AckExtension registered (`bench/node/bayeux_clients.mjs`): one subscriber, one publisher, both
+long-polling on loopback.
+- throughput: the publisher sends N messages (~130 bytes of JSON) in batches of 100 per request
+  (`cometd.batch`), each batch once the last is answered; msgs/s = N / (last delivery - start).
+- latency: the publisher sends one message per request at a fixed rate (`--rate`, default 200/s),
+  stamped with its send time; latency = arrival at the subscriber - send, same process clock.
+Ours: `streaming-server --http_api_port` (a publish is answered after its commit, every message in
+the durable log, the subscriber acknowledging batches). Faye 1.4 (npm `faye`, `bench/node/faye_server.js`):
+a Node Bayeux server that keeps nothing on disk and has no acks. Each figure is the median of
+`--runs` runs, the two servers alternating. Full: 50,000 messages and 4,000 at the rate, 3 runs;
+quick: 10,000 and 1,000, one run (under a minute).
+
+JSON keys: `<system>_msgs_per_s`, `<system>_p50_ms`, `<system>_p99_ms`, `ours_cpu_us_per_msg` (the
+server process's CPU over the throughput run, per message), `throughput_ratio_vs_faye` (target >= 1.0),
+`p99_ratio_vs_faye` (target <= 1.5).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rich.console import Console  # noqa: E402
+
+from bench import peers  # noqa: E402
+from bench.node_clients import NODE_DIR, ServerCpu  # noqa: E402
+from bench.report import arguments, machine, print_report, progress  # noqa: E402
+
+BATCH = 100
+SYSTEMS = ("ours", "faye")
+
+
+@contextmanager
+def server(system: str) -> Iterator[tuple[str, int]]:
+    """A fresh server: its Bayeux URL and its pid."""
+    port = peers.free_port()
+    if system == "ours":
+        data = Path(tempfile.mkdtemp(prefix="bench-bayeux-"))
+        cmd = peers.our_command(peers.free_port(), data / "store", "--http_api_port", str(port))
+    else:
+        data = None
+        cmd = ["node", str(NODE_DIR / "faye_server.js"), str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        peers.wait_port(port, proc)
+        yield f"http://127.0.0.1:{port}/cometd", proc.pid
+    finally:
+        peers.stop(proc)
+        if data is not None:
+            shutil.rmtree(data, ignore_errors=True)
+
+
+def run_client(system: str, mode: str, count: int, knob: int) -> dict[str, Any]:
+    with server(system) as (url, pid):
+        cpu = ServerCpu(pid)
+        argv = ["node", str(NODE_DIR / "bayeux_clients.mjs"), url, mode, str(count), str(knob)]
+        result: dict[str, Any] = {"ok": False, "error": "no result"}
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.strip() == "ready":
+                    cpu.start()
+                elif line.startswith("{"):
+                    cpu.stop()
+                    result = json.loads(line)
+        if not result.get("ok"):
+            raise SystemExit(f"{system} {mode}: {result.get('error')}")
+        result["cpu_us_per_msg"] = cpu.seconds / count * 1e6
+        return result
+
+
+def main() -> None:
+    parser = arguments(__doc__, quick="10,000 messages and 1,000 at the rate, one run (under a minute)")
+    parser.add_argument("--runs", type=int, help="runs per system and mode (default 3, quick 1)")
+    parser.add_argument("--rate", type=int, default=200, help="messages/s in the latency run (default 200)")
+    args = parser.parse_args()
+    if not (NODE_DIR / "node_modules" / "faye").exists():
+        raise SystemExit("the Node clients are not installed: npm ci --prefix bench/node")
+    console = Console(stderr=args.json)
+    count, timed = (10_000, 1_000) if args.quick else (50_000, 4_000)
+    runs = args.runs or (1 if args.quick else 3)
+    result: dict[str, Any] = {"scale": "quick" if args.quick else "full", "machine": machine(), "runs": runs}
+    result.update({"messages": count, "latency_messages": timed, "rate": args.rate, "batch": BATCH})
+    samples: dict[str, list[dict[str, Any]]] = {f"{s}_{m}": [] for s in SYSTEMS for m in ("throughput", "latency")}
+    with progress(console) as bar:
+        task = bar.add_task("runs", total=runs * 4)
+        for _ in range(runs):
+            for mode, size, knob in (("throughput", count, BATCH), ("latency", timed, args.rate)):
+                for system in SYSTEMS:
+                    bar.update(task, description=f"{system}: {mode}")
+                    samples[f"{system}_{mode}"].append(run_client(system, mode, size, knob))
+                    bar.advance(task)
+    for system in SYSTEMS:
+        through, latency = samples[f"{system}_throughput"], samples[f"{system}_latency"]
+        result[f"{system}_msgs_per_s"] = round(statistics.median(r["msgs_per_s"] for r in through))
+        result[f"{system}_cpu_us_per_msg"] = round(statistics.median(r["cpu_us_per_msg"] for r in through), 2)
+        result[f"{system}_p50_ms"] = round(statistics.median(r["p50_ms"] for r in latency), 2)
+        result[f"{system}_p99_ms"] = round(statistics.median(r["p99_ms"] for r in latency), 2)
+        result[f"{system}_latency_msgs_per_s"] = round(statistics.median(r["msgs_per_s"] for r in latency))
+    result["throughput_ratio_vs_faye"] = round(result["ours_msgs_per_s"] / result["faye_msgs_per_s"], 3)
+    result["p99_ratio_vs_faye"] = round(result["ours_p99_ms"] / result["faye_p99_ms"], 3)
+    rows = [(k, f"{v:,}" if isinstance(v, int) else f"{v}", "") for k, v in result.items() if k.startswith(SYSTEMS)]
+    rows.append(("throughput_ratio_vs_faye", f"{result['throughput_ratio_vs_faye']}", ">= 1.0"))
+    rows.append(("p99_ratio_vs_faye", f"{result['p99_ratio_vs_faye']}", "<= 1.5"))
+    title = f"Bayeux with the CometD client: {count:,} messages, latency at {args.rate}/s ({result['scale']})"
+    print_report(console, title, rows, result, args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+// The real CometD client (cometd 9 + cometd-nodejs-client, AckExtension registered) for bench/bayeux.py:
+// one subscriber, one publisher, both long-polling.
+// Usage: node bayeux_clients.mjs <url> throughput <count> <batch>   (publishes in batches of <batch> per request)
+//        node bayeux_clients.mjs <url> latency <count> <rate>       (one publish every 1/rate s)
+// Prints "ready" once subscribed, then one JSON line: {"ok": true, ...}.
+import { adapt } from "cometd-nodejs-client";
+import { CometD, AckExtension } from "cometd";
+
+const [url, mode, countText, knobText] = process.argv.slice(2);
+const count = Number(countText);
+const knob = Number(knobText);
+const CHANNEL = "/bench/a";
+const FILLER = "x".repeat(100);
+
+adapt();
+function client() {
+  const cometd = new CometD();
+  cometd.websocketEnabled = false;
+  cometd.registerExtension("ack", new AckExtension());
+  cometd.configure({ url, maxNetworkDelay: 30000, appendMessageTypeToURL: false });
+  return cometd;
+}
+const fail = (error) => { console.log(JSON.stringify({ ok: false, error: String(error) })); process.exit(1); };
+setTimeout(() => fail("timed out"), 120000);
+
+function handshake(cometd) {
+  return new Promise((resolve, reject) =>
+    cometd.handshake((reply) => (reply.successful ? resolve() : reject(new Error(JSON.stringify(reply))))));
+}
+
+const sub = client();
+const pub = client();
+const latencies = [];
+let received = 0;
+let first = 0;
+let done;
+const finished = new Promise((resolve) => { done = resolve; });
+await handshake(sub);
+await new Promise((resolve, reject) =>
+  sub.subscribe(CHANNEL, (m) => {
+    const now = performance.now();
+    if (received === 0) first = now;
+    received += 1;
+    if (mode === "latency") latencies.push(now - m.data.t);
+    if (received === count) done(now);
+  }, (reply) => (reply.successful ? resolve() : reject(new Error(JSON.stringify(reply))))));
+await handshake(pub);
+console.log("ready");
+
+const started = performance.now();
+if (mode === "throughput") {
+  for (let i = 0; i < count; i += knob) {
+    const n = Math.min(knob, count - i);
+    const replies = [];
+    pub.batch(() => {
+      for (let k = 0; k < n; k++) {
+        replies.push(new Promise((resolve) => pub.publish(CHANNEL, { i: i + k, f: FILLER }, resolve)));
+      }
+    });
+    await Promise.all(replies); // the next batch once this one is answered (stored, for ours)
+  }
+} else {
+  const interval = 1000 / knob;
+  for (let i = 0; i < count; i++) {
+    const due = started + i * interval;
+    const wait = due - performance.now();
+    if (wait > 0) await new Promise((resolve) => setTimeout(resolve, wait));
+    pub.publish(CHANNEL, { i, t: performance.now(), f: FILLER });
+  }
+}
+const end = await finished;
+const out = { ok: true, received, seconds: (end - started) / 1000, msgs_per_s: count / ((end - started) / 1000) };
+if (mode === "latency") {
+  latencies.sort((a, b) => a - b);
+  const q = (p) => latencies[Math.min(latencies.length - 1, Math.floor(p * latencies.length))];
+  Object.assign(out, { p50_ms: q(0.5), p99_ms: q(0.99), max_ms: latencies[latencies.length - 1] });
+}
+console.log(JSON.stringify(out));
+sub.disconnect();
+pub.disconnect();
+setTimeout(() => process.exit(0), 200);
