@@ -319,3 +319,27 @@ async def test_a_publish_is_answered_only_after_it_is_stored(tmp_path: Path) -> 
     async with running(bayeux_config(directory)) as srv:
         messages = srv.store.read("stored.here", 1, 10)
         assert [json.loads(m.data) for m in messages] == [{"n": n} for n in range(5)]
+
+
+async def test_a_connect_sharing_its_request_is_answered_at_once(server: Running) -> None:
+    async with raw_client(server.http_api_port) as raw:
+        await raw.handshake()
+        await raw.connect(0, now=True)
+        await raw.subscribe("/chat/shared")
+        start = trio.current_time()
+        publish = {"id": "70", "channel": "/chat/shared", "data": "with it", "clientId": raw.client_id}
+        answer = await raw.post([raw.connect_message(1), publish])
+        assert trio.current_time() - start < 0.5, "a connect with company was held"
+        assert [m["channel"] for m in answer] == ["/meta/connect", "/chat/shared"]
+        assert answer[0]["ext"] == {"ack": 2} and answer[1]["successful"]
+        deliveries, reply = await raw.connect(2)
+        assert datas(deliveries) == ["with it"] and reply["ext"] == {"ack": 3}
+
+
+async def test_a_handshake_offering_no_common_transport_is_refused(server: Running) -> None:
+    async with raw_client(server.http_api_port) as raw:
+        message = {"id": "1", "channel": "/meta/handshake", "version": "1.0", "supportedConnectionTypes": ["websocket"]}
+        (reply,) = await raw.post([message], "/handshake")
+        assert reply["successful"] is False and reply["error"] == bx.CONNECTION_TYPE_UNSUPPORTED
+        assert reply["supportedConnectionTypes"] == ["long-polling"]
+        assert server.bayeux is not None and server.bayeux.statistics().sessions == 0
