@@ -22,7 +22,6 @@ server process's CPU over the throughput run, per message), `throughput_ratio_vs
 
 from __future__ import annotations
 
-import json
 import shutil
 import statistics
 import subprocess
@@ -39,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
-from bench.node_clients import NODE_DIR, ServerCpu  # noqa: E402
+from bench.node_clients import NODE_DIR, ServerCpu, drive  # noqa: E402
 from bench.report import arguments, machine, print_report, progress  # noqa: E402
 
 BATCH = 100
@@ -70,15 +69,7 @@ def run_client(system: str, mode: str, count: int, knob: int) -> dict[str, Any]:
     with server(system) as (url, pid):
         cpu = ServerCpu(pid)
         argv = ["node", str(NODE_DIR / "bayeux_clients.mjs"), url, mode, str(count), str(knob)]
-        result: dict[str, Any] = {"ok": False, "error": "no result"}
-        with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                if line.strip() == "ready":
-                    cpu.start()
-                elif line.startswith("{"):
-                    cpu.stop()
-                    result = json.loads(line)
+        result = drive(argv, cpu, "ready")
         if not result.get("ok"):
             raise SystemExit(f"{system} {mode}: {result.get('error')}")
         result["cpu_us_per_msg"] = cpu.seconds / count * 1e6

@@ -55,15 +55,22 @@ def run_node(
         cpu = ServerCpu(server.pid)
         argv = ["node", str(NODE_DIR / "clients.js"), system, workload, str(server.port), str(messages)]
         argv += [str(subscribers), "queue" if queue else ""]
-        result: dict[str, Any] = {"ok": False, "error": "no result"}
-        with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                if line.strip() == "start":
-                    cpu.start()
-                elif line.startswith("{"):
-                    cpu.stop()
-                    result = json.loads(line)
+        result = drive(argv, cpu, "start")
     if not result.get("ok"):
         raise RuntimeError(f"node {system} {workload}: {result.get('error')}")
     return float(result["msgs_per_s"]), cpu.seconds / count * 1e6
+
+
+def drive(argv: list[str], cpu: ServerCpu, marker: str) -> dict[str, Any]:
+    """Run a Node client that prints `marker` when its timed part starts and a JSON line at its end;
+    `cpu` measures the server over that part. Returns the JSON line ({"ok": False, ...} if none)."""
+    result: dict[str, Any] = {"ok": False, "error": "no result"}
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.strip() == marker:
+                cpu.start()
+            elif line.startswith("{"):
+                cpu.stop()
+                result = json.loads(line)
+    return result

@@ -14,11 +14,10 @@ import os
 import platform
 import resource
 import time
+from functools import partial
 from typing import Any
 
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -27,6 +26,7 @@ from starlette.routing import Route
 
 from storage import ChannelInfo
 from streaming.core.engine import SubscriptionView
+from streaming.http_listener import serve_asgi
 from streaming.metrics import Metrics, version
 from streaming.running import Running
 
@@ -273,19 +273,9 @@ async def serve_monitor(
     monitor: Monitor, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
 ) -> None:
     """Serve until cancelled; `task_status` gets the bound port (useful with port 0)."""
-    config = HypercornConfig()
-    config.bind = [f"{host}:{port}"]
-    config.accesslog = None
-    config.errorlog = http_log = logging.getLogger("streaming.monitor.http")
-    http_log.setLevel(max(http_log.getEffectiveLevel(), logging.WARNING))  # not its "Running on" line
-    config.graceful_timeout = 1.0
-
-    async def started(*, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-        # Starlette is an ASGI app; hypercorn's annotation spells the ASGI callable out more narrowly.
-        await hypercorn_serve(monitor.app, config, task_status=task_status)  # type: ignore[arg-type]
-
     async with trio.open_nursery() as nursery:
-        binds: list[str] = await nursery.start(started)
-        bound = int(binds[0].rsplit(":", 1)[1])
+        bound: int = await nursery.start(
+            partial(serve_asgi, monitor.app, host, port, log_name="streaming.monitor.http")
+        )
         log.info("Listening for HTTP monitoring on %s:%d", host, bound)
         task_status.started(bound)

@@ -10,10 +10,9 @@ upgrade is refused (not 101), so CometD clients fall back to long-polling at onc
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -21,6 +20,7 @@ from starlette.routing import Route
 
 from streaming.bayeux import protocol as bx
 from streaming.bayeux.door import BayeuxDoor
+from streaming.http_listener import serve_asgi
 
 log = logging.getLogger(__name__)
 _JSON = "application/json;charset=UTF-8"
@@ -61,19 +61,9 @@ async def serve_http_api(
     app: BayeuxApp, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
 ) -> None:
     """Serve until cancelled; `task_status` gets the bound port (useful with port 0)."""
-    config = HypercornConfig()
-    config.bind = [f"{host}:{port}"]
-    config.accesslog = None
-    config.errorlog = http_log = logging.getLogger("streaming.bayeux.http.server")
-    http_log.setLevel(max(http_log.getEffectiveLevel(), logging.WARNING))
-    config.graceful_timeout = 1.0
-    config.keep_alive_timeout = 75.0  # longer than a held connect, so the client's connection is reused
-
-    async def started(*, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-        await hypercorn_serve(app.app, config, task_status=task_status)  # type: ignore[arg-type]
-
+    # Connections stay open longer than a held connect, so a client's next request reuses its own.
+    serve = partial(serve_asgi, app.app, host, port, log_name="streaming.bayeux.http.server", keep_alive_s=75.0)
     async with trio.open_nursery() as nursery:
-        binds: list[str] = await nursery.start(started)
-        bound = int(binds[0].rsplit(":", 1)[1])
+        bound: int = await nursery.start(serve)
         log.info("Listening for HTTP clients (Bayeux at %s) on %s:%d", app.path, host, bound)
         task_status.started(bound)

@@ -1,0 +1,39 @@
+"""An HTTP listener inside the server's Trio process: a Starlette (ASGI) app served by hypercorn's Trio
+worker. The monitoring port and the client-facing HTTP port are both one of these."""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+from starlette.applications import Starlette
+
+
+async def serve_asgi(
+    app: Starlette,
+    host: str,
+    port: int,
+    *,
+    log_name: str,
+    keep_alive_s: float = 5.0,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve `app` until cancelled; `task_status` gets the bound port (useful with port 0). hypercorn's
+    own messages go to the `log_name` logger, warnings and worse only (not its "Running on" line)."""
+    config = HypercornConfig()
+    config.bind = [f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = http_log = logging.getLogger(log_name)
+    http_log.setLevel(max(http_log.getEffectiveLevel(), logging.WARNING))
+    config.graceful_timeout = 1.0
+    config.keep_alive_timeout = keep_alive_s
+
+    async def started(*, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+        # Starlette is an ASGI app; hypercorn's annotation spells the ASGI callable out more narrowly.
+        await hypercorn_serve(app, config, task_status=task_status)  # type: ignore[arg-type]
+
+    async with trio.open_nursery() as nursery:
+        binds: list[str] = await nursery.start(started)
+        task_status.started(int(binds[0].rsplit(":", 1)[1]))
