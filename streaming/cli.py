@@ -89,8 +89,8 @@ def _server_parser() -> argparse.ArgumentParser:
     mon("--event_log", help="write the delivery event log (JSON Lines) into this directory (default off)")
     mon("--event_log_rotate", type=size, help="start a new event log file past this size (default 64MB)")
 
-    api = parser.add_argument_group("HTTP clients (Bayeux/CometD)").add_argument
-    api("--http_api_port", type=int, help="port for HTTP clients: the Bayeux endpoint (default 0 = off, -1 = any)")
+    api = parser.add_argument_group("HTTP clients (Bayeux/CometD, pull consumers)").add_argument
+    api("--http_api_port", type=int, help="port for HTTP clients: Bayeux and the pull API (default 0 = off, -1 = any)")
     api("--http_api_host", help="interface for HTTP clients (default: the same as -a/--addr)")
     api("--http_api_max_body", type=size, help="refuse larger HTTP request bodies with 413 (default 1MiB)")
     api("--bayeux_path", help="URL path of the Bayeux endpoint (default /cometd)")
@@ -98,6 +98,10 @@ def _server_parser() -> argparse.ArgumentParser:
     api("--bayeux_interval", type=dur, help="pause advised between a connect reply and the next (default 0)")
     api("--bayeux_max_interval", type=dur, help="a session that does not connect this long expires (default 10s)")
     api("--bayeux_max_unacked", type=int, help="per subscription: messages out and not acknowledged (default 1024)")
+    api("--pull_max_wait", type=dur, help="the longest an HTTP pull blocks for a message (default 30s)")
+    api("--pull_tombstone_ttl", type=dur, help="how long an expired or deleted pull consumer is remembered (1h)")
+    api("--pull_ack_replay_window", type=dur, help="how long a repeated ack is answered as the first (10m)")
+    api("--pull_ack_replay", choices=["204", "405"], help="answer a repeated ack 204 (default) or 405")
 
     logs = parser.add_argument_group("logging").add_argument
     logs("-D", "--debug", action="store_true", help="debug logging")

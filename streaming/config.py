@@ -165,6 +165,10 @@ class ServerConfig:
     bayeux_interval: Duration = Duration(0.0)  # the pause advised between a connect reply and the next
     bayeux_max_interval: Duration = Duration(10.0)  # a session with no connect this long expires
     bayeux_max_unacked: int = 1024  # per subscription: messages sent and not acknowledged by batch
+    pull_max_wait: Duration = Duration(30.0)  # the longest a pull blocks (Accept-Wait, Prefer: wait=)
+    pull_tombstone_ttl: Duration = Duration(3600.0)  # an expired or deleted consumer is remembered this long
+    pull_ack_replay_window: Duration = Duration(600.0)  # a settled ack is answered again this long
+    pull_ack_replay: str = "204"  # "405": answer a repeated ack as REST-* POST-once-exactly does
 
     def __attrs_post_init__(self) -> None:
         if self.store not in ("lmdb", "memory"):
@@ -177,6 +181,10 @@ class ServerConfig:
             raise ConfigError("bayeux_timeout and bayeux_max_interval must be positive, bayeux_interval >= 0")
         if self.bayeux_max_unacked <= 0 or self.http_api_max_body <= 0:
             raise ConfigError("bayeux_max_unacked and http_api_max_body must be positive")
+        if self.pull_ack_replay not in ("204", "405"):
+            raise ConfigError(f"pull_ack_replay: expected '204' or '405', got {self.pull_ack_replay!r}")
+        if self.pull_max_wait < 0 or self.pull_tombstone_ttl < 0 or self.pull_ack_replay_window < 0:
+            raise ConfigError("pull_max_wait, pull_tombstone_ttl and pull_ack_replay_window must be >= 0")
         if not re.fullmatch(r"(/[A-Za-z0-9._~-]+)+", self.bayeux_path):
             raise ConfigError(f"bayeux_path: expected a URL path such as '/cometd', got {self.bayeux_path!r}")
         if not re.fullmatch(r"[a-zA-Z0-9_-]+", self.cluster_id):

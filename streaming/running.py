@@ -8,6 +8,7 @@ from storage import Store
 from streaming.bayeux.door import BayeuxDoor
 from streaming.core.service import Core
 from streaming.event_log import EventLog
+from streaming.pull.door import PullDoor
 from streaming.stan.broker import Broker
 from streaming.stan.server import StanServer
 
@@ -24,4 +25,5 @@ class Running:
     http_port: int = 0  # the monitoring port, when one is served
     event_log: EventLog | None = None
     bayeux: BayeuxDoor | None = None  # the Bayeux door, when the HTTP client port is on
+    pull: PullDoor | None = None  # the HTTP pull door, likewise
     http_api_port: int = 0  # the HTTP client port (Bayeux), when one is served

@@ -1,6 +1,6 @@
 """The whole server in one call: `serve(config)` opens the store, recovers the delivery core, opens the
-front doors (STAN over the embedded NATS broker; Bayeux over HTTP when `http_api_port` is set) and
-the monitoring port, and runs until cancelled (then flushes and closes the store).
+front doors (STAN over the embedded NATS broker; Bayeux and the HTTP pull API when `http_api_port` is
+set) and the monitoring port, and runs until cancelled (then flushes and closes the store).
 
 Tests run it in a nursery on port 0: `port = await nursery.start(serve, config)`.
 """
@@ -12,18 +12,23 @@ from functools import partial
 from pathlib import Path
 
 import trio
+from starlette.applications import Starlette
 
 from storage import Store, StoreError, open_store
 from streaming.bayeux.door import BayeuxDoor
-from streaming.bayeux.http import BayeuxApp, serve_http_api
+from streaming.bayeux.http import BayeuxApp
 from streaming.bayeux.protocol import BayeuxSettings
 from streaming.config import ServerConfig
 from streaming.core.observers import Fanout
 from streaming.core.service import Core
 from streaming.core.store_calls import call_store
 from streaming.event_log import EventLog
+from streaming.http_listener import serve_asgi
 from streaming.metrics import Metrics
 from streaming.monitor import Monitor, serve_monitor
+from streaming.pull.door import PullDoor
+from streaming.pull.http import PullApp
+from streaming.pull.protocol import PullSettings
 from streaming.running import Running
 from streaming.stan.broker import Broker, BrokerConfig
 from streaming.stan.config import StanConfig
@@ -51,6 +56,15 @@ def bayeux_settings(config: ServerConfig) -> BayeuxSettings:
         interval_s=config.bayeux_interval,
         max_interval_s=config.bayeux_max_interval,
         max_unacked=config.bayeux_max_unacked,
+    )
+
+
+def pull_settings(config: ServerConfig) -> PullSettings:
+    return PullSettings(
+        max_pull_wait_s=config.pull_max_wait,
+        tombstone_ttl_s=config.pull_tombstone_ttl,
+        ack_replay_window_s=config.pull_ack_replay_window,
+        ack_replay_405=config.pull_ack_replay == "405",
     )
 
 
@@ -95,6 +109,7 @@ async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] =
         )
         stan = StanServer(stan_config(config), broker, core)
         bayeux = BayeuxDoor(core, bayeux_settings(config)) if config.http_api_port else None
+        pull = PullDoor(core, pull_settings(config)) if config.http_api_port else None
         async with trio.open_nursery() as nursery:
             if event_log is not None:
                 await nursery.start(event_log.run)
@@ -103,12 +118,11 @@ async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] =
             await nursery.start(core.run)
             await nursery.start(stan.run)
             port = await nursery.start(broker.serve)
-            running = Running(port, broker, core, stan, store, event_log=event_log, bayeux=bayeux)
-            if bayeux is not None:
+            running = Running(port, broker, core, stan, store, event_log=event_log, bayeux=bayeux, pull=pull)
+            if bayeux is not None and pull is not None:
                 await nursery.start(bayeux.run)
-                app = BayeuxApp(bayeux, path=config.bayeux_path, max_body_bytes=config.http_api_max_body)
-                api_host, api_port = config.http_api_host or config.host, max(config.http_api_port, 0)
-                running.http_api_port = await nursery.start(serve_http_api, app, api_host, api_port)
+                await nursery.start(pull.run)
+                running.http_api_port = await nursery.start(serve_http_api, config, bayeux, pull)
             if metrics is not None:
                 metrics.attach(running)
                 monitor = Monitor(running, metrics, config.store)
@@ -119,6 +133,27 @@ async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] =
         with trio.move_on_after(10, shield=True):
             await trio.to_thread.run_sync(store.close)
         log.info("store closed")
+
+
+async def serve_http_api(
+    config: ServerConfig,
+    bayeux: BayeuxDoor,
+    pull: PullDoor,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The client-facing HTTP listener: the Bayeux endpoint and the pull API in one Starlette app."""
+    bayeux_app = BayeuxApp(bayeux, path=config.bayeux_path, max_body_bytes=config.http_api_max_body)
+    app = Starlette(routes=[*bayeux_app.routes, *PullApp(pull, max_payload=config.max_payload).routes])
+    host, port = config.http_api_host or config.host, max(config.http_api_port, 0)
+    # Connections stay open longer than a held connect or pull, so a client's next request reuses its own.
+    serve = partial(serve_asgi, app, host, port, log_name="streaming.http_api.server", keep_alive_s=75.0)
+    async with trio.open_nursery() as nursery:
+        bound: int = await nursery.start(serve)
+        log.info(
+            "Listening for HTTP clients (Bayeux at %s, pull API at /channels) on %s:%d", bayeux_app.path, host, bound
+        )
+        task_status.started(bound)
 
 
 async def sync_periodically(store: Store, interval: float, *, in_thread: bool) -> None:

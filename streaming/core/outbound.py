@@ -23,7 +23,8 @@ from streaming.core.engine import Delivery
 class Publish:
     """One message a client publishes, as every front door hands it to the commit pipeline.
 
-    Not frozen only because one is built per message; treat it as immutable.
+    Not frozen only because one is built per message; treat it as immutable, but for `seq`, which the
+    pipeline sets once the message is stored (before its origin hears of it).
     """
 
     channel: str
@@ -32,6 +33,7 @@ class Publish:
     guid: str  # the publisher's ID of this message, echoed in its acknowledgement
     ack_to: str  # where the acknowledgement goes, in the door's own terms ("" = none wanted)
     origin: PublishOrigin | None = None  # who is told the outcome; None: nobody
+    seq: int = 0  # the channel sequence the store gave it (0 until stored)
 
 
 class PublishOrigin(Protocol):

@@ -269,6 +269,7 @@ class Pipeline:
         by_channel: dict[str, list[Message]] = {}
         readers: dict[str, bool] = {}
         for p, (seq, timestamp) in zip(accepted, result.assigned, strict=True):
+            p.seq = seq
             messages = by_channel.get(p.channel)
             if messages is None:
                 messages = by_channel[p.channel] = []

@@ -1,0 +1,1 @@
+"""The HTTP pull door: pull consumers with ETag-conditional acknowledgement, on the durable engine."""

@@ -1,0 +1,320 @@
+"""The HTTP pull door: pull consumers become engine subscriptions whose messages are handed out on demand.
+
+An adapter on the delivery core like the other doors:
+- a consumer is an engine subscription (plain, durable, queue member) with the consumer's AckWait and
+  MaxInflight; the engine sends it messages up to MaxInflight through the door's outbound port
+  (inboxes under `_PULL.`), and they wait in the consumer (`streaming.pull.protocol.Consumer`) for a
+  pull. Handing one out restarts its AckWait (`ack_progress`), so the wait runs from the response;
+- AckWait redelivery, queue-group sharing, durable resume and recovery are the engine's; the door
+  voids the tag of a delivery the engine sent again;
+- an ack is an engine ack, answered once the state write that records it is stored; a nack puts the
+  message back ahead of newer ones for this consumer's next pull (the engine still counts it as sent
+  to this consumer: in a queue group another member gets it after its AckWait);
+- a publish goes through the same group commit as every other door's, answered after its commit.
+
+The engine knows a consumer as client `pull:<id>`, or `pull:d:<durable>` for a durable outside a
+queue group, so that a new consumer with that durable name resumes it. STAN client IDs cannot hold
+':', so no STAN client can act for a consumer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+
+import attrs
+import trio
+
+from streaming.core.engine import Delivery, SubscribeRequest
+from streaming.core.errors import RequestError
+from streaming.core.outbound import Publish
+from streaming.core.service import Core
+from streaming.pull import protocol as pp
+
+log = logging.getLogger(__name__)
+
+INBOX_PREFIX = "_PULL."
+
+
+class Conflict(Exception):
+    """A consumer the engine refuses because of another (a durable already attached, ...)."""
+
+
+@attrs.frozen
+class PullStatistics:
+    consumers: int
+    created: int
+    expired: int
+    handed_out: int
+    acked: int
+    nacked: int
+    stale_acks: int  # acks refused with 412
+    published: int
+
+
+class PullConsumer:
+    """A live consumer: its state, its engine client and subscription, and a waiting pull's event."""
+
+    __slots__ = ("consumer", "engine_client", "group_key", "sub_id", "waiter")
+
+    def __init__(self, consumer: pp.Consumer, engine_client: str, group_key: tuple[str, str, str]) -> None:
+        self.consumer = consumer
+        self.engine_client = engine_client
+        self.group_key = group_key
+        self.sub_id = 0
+        self.waiter: trio.Event | None = None
+
+
+@attrs.define
+class PullResult:
+    status: int  # 200, 409, 412, 503
+    handout: pp.Handout | None = None
+
+
+class _Commit:
+    __slots__ = ("done", "error", "seq")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.error: Exception | None = None
+        self.seq = 0
+
+
+class PullDoor:
+    def __init__(self, core: Core, settings: pp.PullSettings) -> None:
+        self.core = core
+        self.settings = settings
+        self._consumers: dict[str, PullConsumer] = {}
+        self._by_sub: dict[int, PullConsumer] = {}
+        self._groups: dict[tuple[str, str, str], set[PullConsumer]] = {}
+        self._tombstones: dict[str, float] = {}
+        self._commits: dict[str, _Commit] = {}
+        self._epoch = format(time.time_ns() // 1_000_000, "x")
+        self._serial = 0
+        self._created = self._expired = self._handed = self._acked = self._nacked = self._stale = 0
+        self._published = 0
+        core.doors.add(self, INBOX_PREFIX)
+
+    def statistics(self) -> PullStatistics:
+        return PullStatistics(
+            consumers=len(self._consumers),
+            created=self._created,
+            expired=self._expired,
+            handed_out=self._handed,
+            acked=self._acked,
+            nacked=self._nacked,
+            stale_acks=self._stale,
+            published=self._published,
+        )
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Expire idle consumers and forget old tombstones and tags, every `sweep_s`, until cancelled."""
+        task_status.started()
+        while True:
+            await trio.sleep(self.settings.sweep_s)
+            self.sweep(trio.current_time())
+
+    def sweep(self, now: float) -> None:
+        for live in list(self._consumers.values()):
+            consumer = live.consumer
+            if live.waiter is None and now - consumer.last_active > consumer.options.idle_timeout_s:
+                log.debug("pull consumer %s expired", consumer.id)
+                self._expired += 1
+                self.close(live, unsubscribe=False)
+            else:
+                consumer.prune(now, self.settings.ack_replay_window_s)
+        self._tombstones = {cid: until for cid, until in self._tombstones.items() if until > now}
+
+    # -- consumers -----------------------------------------------------------------------------
+
+    def get(self, consumer_id: str) -> PullConsumer | None:
+        live = self._consumers.get(consumer_id)
+        if live is not None:
+            live.consumer.last_active = trio.current_time()
+        return live
+
+    def tombstoned(self, consumer_id: str) -> bool:
+        return self._tombstones.get(consumer_id, 0.0) > trio.current_time()
+
+    async def create(self, channel: str, options: pp.ConsumerOptions) -> PullConsumer:
+        """A new consumer on `channel`; raises RequestError (a bad channel or start) or Conflict."""
+        await self.core.ready.wait()
+        await self.core.ensure_channel(channel)
+        consumer_id = pp.new_id()
+        now = trio.current_time()
+        consumer = pp.Consumer(consumer_id, channel, options, self._epoch, now)
+        if options.durable and not options.group:
+            engine_client = f"pull:d:{options.durable}"
+            if self.core.engine.has_client(engine_client):
+                raise Conflict("a consumer with this durable name is attached")
+        else:
+            engine_client = f"pull:{consumer_id}"
+        live = PullConsumer(consumer, engine_client, (channel, options.durable, options.group))
+        self.core.pipeline.add_client(engine_client)
+        request = SubscribeRequest(
+            client_id=engine_client,
+            channel=channel,
+            inbox=f"{INBOX_PREFIX}{consumer_id}",
+            ack_inbox=f"{INBOX_PREFIX}{consumer_id}.acks",  # no broker subscription reaches it
+            ack_wait_ms=options.ack_wait_s * 1000,
+            max_inflight=options.max_inflight,
+            durable_name=options.durable,
+            queue_group=options.group,
+            start_position=options.start,
+            start_sequence=options.start_sequence,
+            start_time_delta_ns=options.start_time_delta_ns,
+        )
+
+        def answer(sub_id: int) -> None:  # before any of its messages arrive
+            live.sub_id = sub_id
+            self._consumers[consumer_id] = live
+            self._by_sub[sub_id] = live
+            self._groups.setdefault(live.group_key, set()).add(live)
+
+        try:
+            self.core.pipeline.subscribe(request, answer)
+        except RequestError:
+            self.core.pipeline.client_closed(engine_client)
+            raise
+        self._created += 1
+        return live
+
+    def close(self, live: PullConsumer, *, unsubscribe: bool) -> None:
+        """DELETE (or idle expiry): what it holds goes back to the engine and its tags are void;
+        `unsubscribe` also removes a durable."""
+        consumer = live.consumer
+        if self._consumers.pop(consumer.id, None) is None:
+            return
+        now = trio.current_time()
+        consumer.void_all(now, "closed")
+        self._tombstones[consumer.id] = now + self.settings.tombstone_ttl_s
+        self._by_sub.pop(live.sub_id, None)
+        members = self._groups.get(live.group_key)
+        if members is not None:
+            members.discard(live)
+            if not members:
+                del self._groups[live.group_key]
+        if live.waiter is not None:
+            live.waiter.set()
+        pipeline = self.core.pipeline
+        if unsubscribe:
+            pipeline.unsubscribe(live.sub_id)
+        pipeline.client_closed(live.engine_client)  # a plain one goes; a durable stays, offline
+
+    # -- pulls -----------------------------------------------------------------------------------
+
+    async def pull(self, live: PullConsumer, step: int | None, wait_s: float) -> PullResult:
+        consumer = live.consumer
+        now = trio.current_time()
+        if step is not None:
+            if step == consumer.step:
+                replay = consumer.replayable(now)
+                return PullResult(200, replay) if replay is not None else PullResult(412)
+            if step != consumer.step + 1:
+                return PullResult(412)
+        if consumer.full():
+            return PullResult(409)
+        if not consumer.has_ready() and wait_s > 0:
+            waiter = live.waiter = trio.Event()
+            try:
+                with trio.move_on_after(wait_s):
+                    await waiter.wait()
+            finally:
+                if live.waiter is waiter:
+                    live.waiter = None
+            if self._consumers.get(consumer.id) is not live:
+                return PullResult(503)  # closed meanwhile (the caller answers 404)
+            consumer.last_active = trio.current_time()
+            if step is not None and step != consumer.step + 1:
+                return PullResult(412)  # another pull took this step meanwhile
+            if consumer.full():
+                return PullResult(409)
+        self._serial += 1
+        handout = consumer.take(trio.current_time(), time.time(), format(self._serial, "x"))
+        if handout is None:
+            return PullResult(503)
+        self._handed += 1
+        if step is not None:
+            consumer.step = step
+        consumer.last = handout
+        pipeline = self.core.pipeline
+        if consumer.options.ack_manual:
+            pipeline.ack_progress(live.sub_id, handout.seq)  # its AckWait runs from this response
+        else:
+            pipeline.ack(live.sub_id, handout.seq)  # at-most-once: acknowledged as it is handed out
+        return PullResult(200, handout)
+
+    async def acknowledge(
+        self, live: PullConsumer, seq: int, if_match: str | None, acknowledge: bool
+    ) -> pp.AckDecision:
+        consumer = live.consumer
+        now = trio.current_time()
+        decision = consumer.decide(if_match, seq, acknowledge, now, self.settings)
+        if decision.status == 412:
+            self._stale += 1
+        if not decision.action:
+            return decision
+        consumer.settle(seq, acknowledge, now)
+        if acknowledge:
+            self._acked += 1
+            self.core.pipeline.ack(live.sub_id, seq)
+            await self.core.runtime.write_now()  # 204 only once the ack is stored
+        else:
+            self._nacked += 1
+            if live.waiter is not None:
+                live.waiter.set()
+        return decision
+
+    # -- publishing ------------------------------------------------------------------------------
+
+    async def publish(self, channel: str, data: bytes) -> int:
+        """Store one message; its sequence once committed. Raises RequestError or StoreError."""
+        await self.core.ready.wait()
+        if channel in self.core.pipeline.deleting:
+            raise RequestError("the channel is being deleted")
+        self._serial += 1
+        key = f"{INBOX_PREFIX}p{self._serial}"
+        commit = self._commits[key] = _Commit()
+        pending = self.core.publish(Publish(channel, data, "", key, key, self))
+        if pending is not None:
+            await pending
+        await commit.done.wait()
+        if commit.error is not None:
+            raise commit.error
+        return commit.seq
+
+    # -- the outbound port -------------------------------------------------------------------------
+
+    def deliver(self, deliveries: Sequence[Delivery]) -> None:
+        now = trio.current_time()
+        for d in deliveries:
+            live = self._by_sub.get(d.sub_id)
+            if live is None:
+                continue
+            m = d.message
+            if live.group_key[2]:  # a queue member: another member's delivery of it is void now
+                for other in self._groups.get(live.group_key, ()):
+                    if other is not live:
+                        other.consumer.forget(m.seq, now, "redelivered")
+            live.consumer.offer(m.seq, m.timestamp_unix_ns, m.data, d.attempt, now)
+            if live.waiter is not None:
+                live.waiter.set()
+
+    def published(self, publishes: Sequence[Publish], errors: dict[int, Exception]) -> None:
+        for p in publishes:
+            commit = self._commits.pop(p.ack_to, None)
+            if commit is None:
+                continue
+            commit.error = errors.get(id(p)) if errors else None
+            commit.seq = p.seq
+            if commit.error is None:
+                self._published += 1
+            commit.done.set()
+
+    def holding(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    async def wait_reachable(self, inboxes: list[str]) -> None:
+        return  # consumers do not outlive the process; durables resume when a consumer comes back
