@@ -34,6 +34,7 @@ from streaming.core.engine import (
     MemberLeft,
     Reason,
 )
+from streaming.pull.door import PullStatistics
 from streaming.running import Running
 from streaming.stan.broker import PROTOCOL_ERROR_KINDS
 from streaming.stan.server import REFUSAL_KINDS
@@ -326,6 +327,24 @@ class _StateCollector(Collector):
         yield connections
         if running.bayeux is not None:
             yield from _bayeux_metrics(running.bayeux.statistics())
+        if running.pull is not None:
+            yield from _pull_metrics(running.pull.statistics())
+
+
+def _pull_metrics(stats: PullStatistics) -> Iterator[Metric]:
+    """The HTTP pull door's consumers and acks (its deliveries count with every other door's)."""
+    yield GaugeMetricFamily(f"{PREFIX}_pull_consumers", "HTTP pull consumers", value=stats.consumers)
+    counters = [
+        ("consumers_created", "HTTP pull consumers created", stats.created),
+        ("consumers_expired", "HTTP pull consumers expired for being idle", stats.expired),
+        ("handed_out_messages", "Messages handed out in pull responses", stats.handed_out),
+        ("acks", "Acknowledgements that settled a delivery", stats.acked),
+        ("nacks", "Negative acknowledgements (the message is handed out again)", stats.nacked),
+        ("stale_acks", "Acknowledgements refused with 412 (their delivery was no longer current)", stats.stale_acks),
+        ("published_messages", "Messages published over HTTP and stored", stats.published),
+    ]
+    for name, text, value in counters:
+        yield CounterMetricFamily(f"{PREFIX}_pull_{name}", text, value=value)
 
 
 def _bayeux_metrics(stats: BayeuxStatistics) -> Iterator[Metric]:

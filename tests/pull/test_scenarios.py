@@ -406,3 +406,32 @@ async def test_messages_cross_doors(http: httpx.AsyncClient, server: Running) ->
         url = link(pulled, "next")["url"]
     assert bodies == [b"from stan", bx.encode_data({"from": "bayeux"}), b"from http"]
     assert json.loads(bodies[1]) == {"from": "bayeux"}
+
+
+async def test_pull_traffic_is_measured_and_logged(tmp_path: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.monitor.test_event_log import read_events
+
+    log_dir = tmp_path / "events"
+    cfg = pull_config(tmp_path / "data", http_port=-1, event_log=str(log_dir))
+    async with running(cfg) as srv, httpx.AsyncClient(base_url=f"http://127.0.0.1:{srv.http_api_port}") as http:
+        await publish(http, "seen", b"m1", b"m2")
+        made = await create(http, "seen", start="first")
+        first = await http.post(link(made, "next")["url"])
+        assert (await ack(http, first)).status_code == 204
+        assert (await ack(http, first, tag='"stale"')).status_code == 412
+        second = await http.post(link(first, "next")["url"], headers={"Accept-Wait": "2"})
+        assert (await ack(http, second, acknowledge=False)).status_code == 204
+        text = (await http.get(f"http://127.0.0.1:{srv.http_port}/metrics")).text
+    values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
+    assert values["streaming_pull_consumers"] == 1
+    assert values["streaming_pull_consumers_created_total"] == 1
+    assert values["streaming_pull_handed_out_messages_total"] == 2
+    assert values["streaming_pull_acks_total"] == 1 and values["streaming_pull_nacks_total"] == 1
+    assert values["streaming_pull_stale_acks_total"] == 1
+    assert values["streaming_pull_published_messages_total"] == 2
+    events = [e for e in read_events(log_dir) if e["channel"] == "seen"]
+    delivered = [e for e in events if e["event"] == "deliver"]
+    assert [e["seq"] for e in delivered][:2] == [1, 2] and all(e["member"].startswith("pull:") for e in delivered)
+    assert [e["seq"] for e in events if e["event"] == "ack"] == [1]
