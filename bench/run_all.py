@@ -8,7 +8,8 @@ result. The table lists the figures the issues set targets for; `--markdown` wri
 the scripts that draw one. With `--json` the last line holds every script's result by name.
 Where the Node clients are installed (`npm ci --prefix bench/node`), publish, consume and event_log
 also run with Node clients on both sides (`--clients both`), the fair comparison with JetStream, and
-bayeux runs (the CometD client against ours and Faye).
+bayeux and rest run (the CometD client against ours and Faye; the HTTP pull API against the ceiling of
+its HTTP stack).
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ SCRIPTS = (
     "storage",
     "event_log",
     "bayeux",
+    "rest",
 )
-NODE_ONLY = {"bayeux"}  # needs the Node clients (the CometD client, and Faye as the peer)
+# These need the Node clients: the CometD client and Faye as its peer; a keep-alive HTTP client.
+NODE_ONLY = {"bayeux", "rest"}
 PLOTS = {"publish", "consume", "redelivery", "latency", "storm"}
 # Where Node is installed (`npm ci --prefix bench/node`), these also run with fast clients on both sides.
 NODE_ARGS = {"publish": ["--clients", "both"], "consume": ["--clients", "both"], "event_log": ["--clients", "both"]}
@@ -99,6 +102,10 @@ HEADLINES: list[tuple[str, str, str, Check | None]] = [
     ("bayeux", "throughput_ratio_vs_faye", ">= 1.0", lambda v: v >= 1.0),
     ("bayeux", "ours_p99_ms", "", None),
     ("bayeux", "p99_ratio_vs_faye", "<= 1.5", lambda v: v <= 1.5),
+    ("rest", "ceiling_requests_per_s", "", None),
+    ("rest", "pull_ack_msgs_per_s", "", None),
+    ("rest", "publish_msgs_per_s", "", None),
+    ("rest", "pull_ack_fraction_of_ceiling", ">= 0.4", lambda v: v >= 0.4),
 ]
 
 
