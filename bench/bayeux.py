@@ -22,13 +22,9 @@ server process's CPU over the throughput run, per message), `throughput_ratio_vs
 
 from __future__ import annotations
 
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -45,29 +41,17 @@ BATCH = 100
 SYSTEMS = ("ours", "faye")
 
 
-@contextmanager
-def server(system: str) -> Iterator[tuple[str, int]]:
-    """A fresh server: its Bayeux URL and its pid."""
-    port = peers.free_port()
+def server(system: str) -> AbstractContextManager[peers.Server]:
+    """A fresh server: ours with its HTTP client port, or Faye."""
     if system == "ours":
-        data = Path(tempfile.mkdtemp(prefix="bench-bayeux-"))
-        cmd = peers.our_command(peers.free_port(), data / "store", "--http_api_port", str(port))
-    else:
-        data = None
-        cmd = ["node", str(NODE_DIR / "faye_server.js"), str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        peers.wait_port(port, proc)
-        yield f"http://127.0.0.1:{port}/cometd", proc.pid
-    finally:
-        peers.stop(proc)
-        if data is not None:
-            shutil.rmtree(data, ignore_errors=True)
+        return peers.http_server("bayeux")
+    return peers.http_server("faye", ["node", str(NODE_DIR / "faye_server.js"), "{port}"])
 
 
 def run_client(system: str, mode: str, count: int, knob: int) -> dict[str, Any]:
-    with server(system) as (url, pid):
-        cpu = ServerCpu(pid)
+    with server(system) as srv:
+        cpu = ServerCpu(srv.pid)
+        url = f"http://127.0.0.1:{srv.port}/cometd"
         argv = ["node", str(NODE_DIR / "bayeux_clients.mjs"), url, mode, str(count), str(knob)]
         result = drive(argv, cpu, "ready")
         if not result.get("ok"):

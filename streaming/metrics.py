@@ -343,8 +343,7 @@ def _pull_metrics(stats: PullStatistics) -> Iterator[Metric]:
         ("stale_acks", "Acknowledgements refused with 412 (their delivery was no longer current)", stats.stale_acks),
         ("published_messages", "Messages published over HTTP and stored", stats.published),
     ]
-    for name, text, value in counters:
-        yield CounterMetricFamily(f"{PREFIX}_pull_{name}", text, value=value)
+    yield from _counters("pull", counters)
 
 
 def _bayeux_metrics(stats: BayeuxStatistics) -> Iterator[Metric]:
@@ -364,5 +363,10 @@ def _bayeux_metrics(stats: BayeuxStatistics) -> Iterator[Metric]:
         ("resent_messages", "Messages written again because their batch was not acknowledged", stats.resent_messages),
         ("published_messages", "Messages published through the Bayeux door and stored", stats.published_messages),
     ]
+    yield from _counters("bayeux", counters)
+
+
+def _counters(door: str, counters: list[tuple[str, str, int]]) -> Iterator[Metric]:
+    """A door's own counters, read from its statistics: (name, help, value) each."""
     for name, text, value in counters:
-        yield CounterMetricFamily(f"{PREFIX}_bayeux_{name}", text, value=value)
+        yield CounterMetricFamily(f"{PREFIX}_{door}_{name}", text, value=value)
