@@ -3,11 +3,14 @@
 Keys are fixed-width big-endian integers so byte order is numeric order and a cursor's `set_range`
 finds "first >= seq". A message value is
 
-    timestamp_unix_ns (>q) | crc32 (>I) | reply length (>H) | reply (utf-8) | data
+    timestamp_unix_ns (>q) | crc32 (>I) | reply length (>H) | reply (utf-8) | [content type] | data
 
-where the CRC covers the key (channel id and sequence, so a value found under the wrong key is caught
-too), the timestamp and everything after the CRC. Records that change rarely (subscriptions, clients,
-channel names) are JSON produced by cattrs, so adding a field does not need a migration.
+where the reply length's high bit says that the publisher's content type follows the reply, as its
+length (>B) and its bytes (ASCII, a media type as HTTP carries it). Values without one are laid out as
+before the content type existed. The CRC covers the key (channel id and sequence, so a value found
+under the wrong key is caught too), the timestamp and everything after the CRC. Records that change
+rarely (subscriptions, clients, channel names) are JSON produced by cattrs, so adding a field does
+not need a migration.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ MSG_HEADER_SIZE = _TS.size + _CRC.size + _REPLY_LEN.size
 _HEADER = struct.Struct(">qIH")  # timestamp, crc, reply length: the value's first MSG_HEADER_SIZE bytes
 _CRC_END = _TS.size + _CRC.size  # the checksum covers the key, the timestamp and everything from here
 _SEQ_OF_KEY = struct.Struct(">Q")  # the sequence half of MSG_KEY, at offset 4
-MAX_REPLY_BYTES = 0xFFFF
+_HAS_TYPE = 0x8000  # in the reply length: a content type follows the reply
+MAX_REPLY_BYTES = 0x7FFF  # a reply subject is a NATS subject: far shorter (the control line is 4 KiB)
+MAX_CONTENT_TYPE_BYTES = 0xFF
 _CHANNEL = struct.Struct(">IQQQQq")  # id, first, last, msgs, bytes, last timestamp
 # A journal record's body is runs of one channel's messages: this header, then per message its value's
 # length (U32) and the value. The values are the LMDB values, checksums and all.
@@ -45,16 +50,37 @@ _converter = cattrs.preconf.json.make_converter()
 T = TypeVar("T")
 
 
-def message_size(reply: bytes, data: bytes) -> int:
+def message_size(reply: bytes, data: bytes, content_type: str = "") -> int:
     """Bytes a message counts for against MaxBytes: its stored value (same in every store)."""
-    return MSG_HEADER_SIZE + len(reply) + len(data)
+    return MSG_HEADER_SIZE + len(reply) + len(data) + (1 + len(content_type) if content_type else 0)
 
 
-def encode_reply(reply: str) -> bytes:
+def value_size(head: bytes, data: bytes) -> int:
+    """The size of a stored value with this head (from `encode_head`) and data."""
+    return _TS.size + _CRC.size + len(head) + len(data)
+
+
+EMPTY_HEAD = b"\x00\x00"  # the head of a message with neither reply nor content type
+
+
+def encode_head(reply: str, content_type: str = "") -> bytes:
+    """The part of a message value between its checksum and its data: the reply length (flagged when
+    a content type follows), the reply, and the content type. Raises ValueError for either too long
+    or a content type that is not printable ASCII."""
+    if not reply and not content_type:
+        return EMPTY_HEAD
     encoded = reply.encode()
     if len(encoded) > MAX_REPLY_BYTES:
         raise ValueError(f"reply subject of {len(encoded)} bytes exceeds {MAX_REPLY_BYTES}")
-    return encoded
+    if not content_type:
+        return _REPLY_LEN.pack(len(encoded)) + encoded
+    if not content_type.isascii() or not content_type.isprintable():
+        raise ValueError("content type must be printable ASCII")
+    if len(content_type) > MAX_CONTENT_TYPE_BYTES:
+        raise ValueError(f"content type of {len(content_type)} bytes exceeds {MAX_CONTENT_TYPE_BYTES}")
+    return b"".join(
+        (_REPLY_LEN.pack(len(encoded) | _HAS_TYPE), encoded, bytes((len(content_type),)), content_type.encode())
+    )
 
 
 def encode_run(
@@ -62,16 +88,15 @@ def encode_run(
 ) -> list[tuple[bytes, bytes]]:
     """(key, value) pairs for consecutive messages of one channel sharing one timestamp.
 
-    This is the publish hot path: names are bound locally and each message costs one key pack,
-    two CRC calls and one join.
+    `messages` are (head, data) pairs, the head from `encode_head`. This is the publish hot path: names
+    are bound locally and each message costs one key pack, two CRC calls and one join.
     """
     ts = _TS.pack(timestamp_unix_ns)
-    pack_key, pack_crc, pack_len, crc32 = MSG_KEY.pack, _CRC.pack, _REPLY_LEN.pack, zlib.crc32
+    pack_key, pack_crc, crc32 = MSG_KEY.pack, _CRC.pack, zlib.crc32
     out = []
     seq = first_seq
-    for reply, data in messages:
+    for head, data in messages:
         key = pack_key(channel_id, seq)
-        head = pack_len(len(reply)) + reply
         crc = crc32(data, crc32(head, crc32(key + ts)))
         out.append((key, b"".join((ts, pack_crc(crc), head, data))))
         seq += 1
@@ -93,6 +118,8 @@ def decode_message(key: Raw, value: Raw, channel: str) -> Message:
     crc32 = zlib.crc32
     if crc32(value[_CRC_END:], crc32(value[: _TS.size], crc32(key))) != stored_crc:
         raise _corrupt(key, channel, "checksum mismatch")
+    if reply_len & _HAS_TYPE:
+        return _decode_typed(key, value, channel, timestamp, reply_len & ~_HAS_TYPE)
     reply_end = MSG_HEADER_SIZE + reply_len
     if reply_end > len(value):
         raise _corrupt(key, channel, "reply length past the end of the value")
@@ -102,6 +129,25 @@ def decode_message(key: Raw, value: Raw, channel: str) -> Message:
         channel,
         str(value[MSG_HEADER_SIZE:reply_end], "utf-8") if reply_len else "",
         bytes(value[reply_end:]),
+    )
+
+
+def _decode_typed(key: Raw, value: Raw, channel: str, timestamp: int, reply_len: int) -> Message:
+    """`decode_message` for a value that carries a content type (checksum already verified)."""
+    reply_end = MSG_HEADER_SIZE + reply_len
+    if reply_end >= len(value) or reply_end + 1 + value[reply_end] > len(value):
+        raise _corrupt(key, channel, "reply or content type past the end of the value")
+    type_end = reply_end + 1 + value[reply_end]
+    content_type = bytes(value[reply_end + 1 : type_end])
+    if not content_type.isascii():
+        raise _corrupt(key, channel, "content type is not ASCII")
+    return Message(
+        _SEQ_OF_KEY.unpack_from(key, 4)[0],
+        timestamp,
+        channel,
+        str(value[MSG_HEADER_SIZE:reply_end], "utf-8"),
+        bytes(value[type_end:]),
+        content_type.decode("ascii"),
     )
 
 

@@ -56,6 +56,7 @@ import lmdb
 
 from storage.base import SCHEMA_VERSION, VERIFY_MODES, Store, StoreStatistics, now_or
 from storage.codec import (
+    EMPTY_HEAD,
     JOURNAL_RUN,
     MSG_KEY,
     U32,
@@ -65,7 +66,7 @@ from storage.codec import (
     decode_message,
     decode_record,
     encode_channel,
-    encode_reply,
+    encode_head,
     encode_run,
     key_seq,
     lost_key,
@@ -392,7 +393,9 @@ class LmdbStore(Store):
             if not self._schema_current:
                 self._upgrade_schema()
             before = {name: self._known(name) for name in dict.fromkeys([m.channel for m in messages])}
-            replies = [encode_reply(m.reply) if m.reply else b"" for m in messages]
+            replies = [
+                encode_head(m.reply, m.content_type) if m.reply or m.content_type else EMPTY_HEAD for m in messages
+            ]
 
             # Every message of a channel in one batch gets the same timestamp (now, clamped).
             runs: dict[str, list[tuple[bytes, bytes]]] = {name: [] for name in before}

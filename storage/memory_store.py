@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from storage.base import SCHEMA_VERSION, Store, StoreStatistics, now_or
-from storage.codec import encode_reply, message_size
+from storage.codec import encode_head, value_size
 from storage.limits import StoreLimits, plan_eviction
 from storage.records import (
     AppendResult,
@@ -43,6 +43,7 @@ class _Stored:
     reply: str
     data: bytes
     size: int
+    content_type: str = ""
 
 
 class MemoryStore(Store):
@@ -77,18 +78,18 @@ class MemoryStore(Store):
     def append(self, messages: Sequence[MessageToAppend], now_unix_ns: int | None = None) -> AppendResult:
         now = now_or(now_unix_ns)
         infos = {m.channel: self._known(m.channel) for m in messages}
-        replies = [encode_reply(m.reply) for m in messages]  # validate all before changing anything
+        heads = [encode_head(m.reply, m.content_type) for m in messages]  # validate all before changing anything
         # Every message of a channel in one batch gets the same timestamp (now, clamped), as in LMDB.
         next_seq = {name: info.last_seq + 1 for name, info in infos.items()}
         stamps = {name: max(now, info.last_timestamp_unix_ns) for name, info in infos.items()}
         added = dict.fromkeys(infos, 0)
         assigned: list[tuple[int, int]] = []
-        for msg, reply in zip(messages, replies, strict=True):
+        for msg, head in zip(messages, heads, strict=True):
             name = msg.channel
             seq, ts = next_seq[name], stamps[name]
             next_seq[name] = seq + 1
-            size = message_size(reply, msg.data)
-            self._messages[infos[name].channel_id][seq] = _Stored(ts, msg.reply, msg.data, size)
+            size = value_size(head, msg.data)
+            self._messages[infos[name].channel_id][seq] = _Stored(ts, msg.reply, msg.data, size, msg.content_type)
             added[name] += size
             assigned.append((seq, ts))
         dropped: dict[str, range] = {}
@@ -125,13 +126,13 @@ class MemoryStore(Store):
                 break
             m = stored.get(seq)
             if m is not None:
-                out.append(Message(seq, m.timestamp_unix_ns, info.name, m.reply, m.data))
+                out.append(Message(seq, m.timestamp_unix_ns, info.name, m.reply, m.data, m.content_type))
         return out
 
     def get(self, channel: str, seq: int) -> Message | None:
         info = self._known(channel)
         m = self._messages[info.channel_id].get(seq)
-        return None if m is None else Message(seq, m.timestamp_unix_ns, info.name, m.reply, m.data)
+        return None if m is None else Message(seq, m.timestamp_unix_ns, info.name, m.reply, m.data, m.content_type)
 
     def expire(self, now_unix_ns: int | None = None) -> ExpireResult:
         now = now_or(now_unix_ns)

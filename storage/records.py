@@ -34,6 +34,8 @@ class MessageToAppend(Protocol):
     def data(self) -> bytes: ...
     @property
     def reply(self) -> str: ...
+    @property
+    def content_type(self) -> str: ...
 
 
 @attrs.frozen(slots=True)
@@ -43,6 +45,7 @@ class NewMessage:
     channel: str
     data: bytes
     reply: str = ""
+    content_type: str = ""  # the publisher's media type, kept for HTTP doors ("" = none given)
 
 
 @attrs.define(slots=True)
@@ -54,6 +57,7 @@ class Message:
     subject: str
     reply: str
     data: bytes
+    content_type: str = ""  # as published over HTTP; STAN has no field for it
 
 
 @attrs.frozen(slots=True)

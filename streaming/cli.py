@@ -102,6 +102,12 @@ def _server_parser() -> argparse.ArgumentParser:
     api("--pull_tombstone_ttl", type=dur, help="how long an expired or deleted pull consumer is remembered (1h)")
     api("--pull_ack_replay_window", type=dur, help="how long a repeated ack is answered as the first (10m)")
     api("--pull_ack_replay", choices=["204", "405"], help="answer a repeated ack 204 (default) or 405")
+    api(
+        "--pull_msg_headers",
+        type=_flag(parse_bool),
+        metavar="BOOL",
+        help="also give every link as an Artemis REST msg-* header (default false)",
+    )
 
     logs = parser.add_argument_group("logging").add_argument
     logs("-D", "--debug", action="store_true", help="debug logging")

@@ -169,6 +169,7 @@ class ServerConfig:
     pull_tombstone_ttl: Duration = Duration(3600.0)  # an expired or deleted consumer is remembered this long
     pull_ack_replay_window: Duration = Duration(600.0)  # a settled ack is answered again this long
     pull_ack_replay: str = "204"  # "405": answer a repeated ack as REST-* POST-once-exactly does
+    pull_msg_headers: bool = False  # also give every link as an Artemis REST `msg-*` header
 
     def __attrs_post_init__(self) -> None:
         if self.store not in ("lmdb", "memory"):

@@ -65,6 +65,7 @@ def pull_settings(config: ServerConfig) -> PullSettings:
         tombstone_ttl_s=config.pull_tombstone_ttl,
         ack_replay_window_s=config.pull_ack_replay_window,
         ack_replay_405=config.pull_ack_replay == "405",
+        msg_headers=config.pull_msg_headers,
     )
 
 

@@ -322,7 +322,8 @@ class BayeuxDoor:
         key = f"{INBOX_PREFIX}p{self._next}"
         commits.remaining += 1
         commits.messages[index] = message
-        publish = Publish(engine_channel, bx.encode_data(message.get("data")), "", str(index), key, self)
+        data = bx.encode_data(message.get("data"))
+        publish = Publish(engine_channel, data, "", str(index), key, self, content_type=bx.DATA_CONTENT_TYPE)
         pending = self.core.publish(publish)
         if pending is not None:
             await pending  # the commit queue is full: back-pressure, as for a STAN publisher

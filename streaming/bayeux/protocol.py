@@ -244,6 +244,9 @@ def _no_constants(name: str) -> Any:
 _strict = json.JSONDecoder(parse_constant=_no_constants)
 
 
+DATA_CONTENT_TYPE = "application/json"  # stored with what Bayeux clients publish, for HTTP pull consumers
+
+
 def data_json(raw: bytes) -> tuple[bytes, str]:
     """Stored bytes as the JSON text of a Bayeux `data` value, and how they were read: "json" (what
     Bayeux clients store: the bytes themselves, not parsed and written again), "text" (UTF-8 that is

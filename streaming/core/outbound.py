@@ -34,6 +34,7 @@ class Publish:
     ack_to: str  # where the acknowledgement goes, in the door's own terms ("" = none wanted)
     origin: PublishOrigin | None = None  # who is told the outcome; None: nobody
     seq: int = 0  # the channel sequence the store gave it (0 until stored)
+    content_type: str = ""  # the publisher's media type (HTTP doors), stored with the message
 
 
 class PublishOrigin(Protocol):

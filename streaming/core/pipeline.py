@@ -139,6 +139,12 @@ class Pipeline:
             self.settle()
         return acked
 
+    def set_window(self, sub_id: int, window: int) -> None:
+        """Deliveries on demand: how many pending messages the subscription may hold (see
+        `Engine.set_window`); what a wider window lets through is delivered before this returns."""
+        self.engine.set_window(sub_id, window, self.clock())
+        self._changed()
+
     def ack_progress(self, sub_id: int, seq: int) -> bool:
         """The client is still working on `seq`: restart its AckWait."""
         moved = self.engine.ack_progress(sub_id, seq, self.clock())
@@ -275,7 +281,7 @@ class Pipeline:
                 messages = by_channel[p.channel] = []
                 readers[p.channel] = engine.has_readers(p.channel)
             if readers[p.channel]:  # handed over so the engine need not read them back
-                messages.append(Message(seq, timestamp, p.channel, p.reply, p.data))
+                messages.append(Message(seq, timestamp, p.channel, p.reply, p.data, p.content_type))
         if self.observer is not None:
             self._tell_observer(self.observer, accepted, result)
         for channel, messages in by_channel.items():

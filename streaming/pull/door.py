@@ -2,14 +2,17 @@
 
 An adapter on the delivery core like the other doors:
 - a consumer is an engine subscription (plain, durable, queue member) with the consumer's AckWait and
-  MaxInflight; the engine sends it messages up to MaxInflight through the door's outbound port
-  (inboxes under `_PULL.`), and they wait in the consumer (`streaming.pull.protocol.Consumer`) for a
-  pull. Handing one out restarts its AckWait (`ack_progress`), so the wait runs from the response;
+  MaxInflight, delivered on demand: the door opens its window (`Pipeline.set_window`) to what it has
+  handed out plus one per waiting pull, so the engine sends a new message only to a consumer that is
+  pulling (through the door's outbound port, inboxes under `_PULL.`), and none waits unpulled while
+  its AckWait runs or while another member of its queue group is idle. Handing one out restarts its
+  AckWait (`ack_progress`), so the wait runs from the response;
 - AckWait redelivery, queue-group sharing, durable resume and recovery are the engine's; the door
-  voids the tag of a delivery the engine sent again;
+  voids the tag of a delivery the engine sent again. Messages sent again wait in the consumer for its
+  next pull, ahead of newer ones; a member of a queue group with nothing to pull takes one waiting in
+  another member (the engine keeps counting it as that member's; acks reach it through the group);
 - an ack is an engine ack, answered once the state write that records it is stored; a nack puts the
-  message back ahead of newer ones for this consumer's next pull (the engine still counts it as sent
-  to this consumer: in a queue group another member gets it after its AckWait);
+  message back at once, ahead of newer ones, for the next pull of this consumer or its group;
 - a publish goes through the same group commit as every other door's, answered after its commit.
 
 The engine knows a consumer as client `pull:<id>`, or `pull:d:<durable>` for a durable outside a
@@ -57,14 +60,15 @@ class PullStatistics:
 class PullConsumer:
     """A live consumer: its state, its engine client and subscription, and a waiting pull's event."""
 
-    __slots__ = ("consumer", "engine_client", "group_key", "sub_id", "waiter")
+    __slots__ = ("consumer", "engine_client", "group_key", "sub_id", "waiter", "window")
 
     def __init__(self, consumer: pp.Consumer, engine_client: str, group_key: tuple[str, str, str]) -> None:
         self.consumer = consumer
         self.engine_client = engine_client
         self.group_key = group_key
         self.sub_id = 0
-        self.waiter: trio.Event | None = None
+        self.waiter: trio.Event | None = None  # set when a message may be there to pull
+        self.window = 0  # what its engine subscription's window was last set to
 
 
 @attrs.define
@@ -145,6 +149,8 @@ class PullDoor:
         consumer_id = pp.new_id()
         now = trio.current_time()
         consumer = pp.Consumer(consumer_id, channel, options, self._epoch, now)
+        if options.durable:
+            self._check_durable(channel, options)
         if options.durable and not options.group:
             engine_client = f"pull:d:{options.durable}"
             if self.core.engine.has_client(engine_client):
@@ -165,6 +171,7 @@ class PullDoor:
             start_position=options.start,
             start_sequence=options.start_sequence,
             start_time_delta_ns=options.start_time_delta_ns,
+            on_demand=True,
         )
 
         def answer(sub_id: int) -> None:  # before any of its messages arrive
@@ -180,6 +187,16 @@ class PullDoor:
             raise
         self._created += 1
         return live
+
+    def _check_durable(self, channel: str, options: pp.ConsumerOptions) -> None:
+        """A durable name stays with the queue group it was made with (or with none): using it
+        otherwise would silently start a second cursor under the same name."""
+        bound = self.core.engine.durable_bindings(channel, options.durable, f"pull:d:{options.durable}")
+        other = next((group for group in bound if group != options.group), None)
+        if other is None:
+            return
+        where = f"queue group {other!r}" if other else "no queue group"
+        raise Conflict(f"durable {options.durable!r} exists on {channel!r} with {where}")
 
     def close(self, live: PullConsumer, *, unsubscribe: bool) -> None:
         """DELETE (or idle expiry): what it holds goes back to the engine and its tags are void;
@@ -216,35 +233,95 @@ class PullDoor:
                 return PullResult(412)
         if consumer.full():
             return PullResult(409)
-        if not consumer.has_ready() and wait_s > 0:
-            waiter = live.waiter = trio.Event()
+        if not self._available(live):
+            # Open the window by one: the engine sends what there is before this returns.
+            consumer.waiting += 1
             try:
-                with trio.move_on_after(wait_s):
-                    await waiter.wait()
+                self._open(live)
+                deadline = trio.current_time() + wait_s
+                while not self._available(live):
+                    if trio.current_time() >= deadline or self._consumers.get(consumer.id) is not live:
+                        break
+                    waiter = live.waiter = live.waiter or trio.Event()
+                    with trio.move_on_at(deadline):
+                        await waiter.wait()
+                    if live.waiter is waiter:
+                        live.waiter = None
             finally:
-                if live.waiter is waiter:
-                    live.waiter = None
+                consumer.waiting -= 1
             if self._consumers.get(consumer.id) is not live:
                 return PullResult(503)  # closed meanwhile (the caller answers 404)
             consumer.last_active = trio.current_time()
             if step is not None and step != consumer.step + 1:
+                self._open(live)
                 return PullResult(412)  # another pull took this step meanwhile
             if consumer.full():
+                self._open(live)
                 return PullResult(409)
         self._serial += 1
-        handout = consumer.take(trio.current_time(), time.time(), format(self._serial, "x"))
+        lent = self._borrow(live)
+        handout = consumer.take(trio.current_time(), time.time(), format(self._serial, "x"), lent)
+        pipeline = self.core.pipeline
         if handout is None:
+            self._open(live)  # the waiting pull's share of the window goes
             return PullResult(503)
         self._handed += 1
         if step is not None:
             consumer.step = step
         consumer.last = handout
-        pipeline = self.core.pipeline
+        self._open(live)  # before any ack: what it frees must not be refilled past the window
         if consumer.options.ack_manual:
             pipeline.ack_progress(live.sub_id, handout.seq)  # its AckWait runs from this response
         else:
             pipeline.ack(live.sub_id, handout.seq)  # at-most-once: acknowledged as it is handed out
         return PullResult(200, handout)
+
+    def _open(self, live: PullConsumer) -> None:
+        """Set the engine subscription's window to what the consumer can take now."""
+        window = live.consumer.window()
+        if window == live.window or live.consumer.id not in self._consumers:
+            return
+        if window < live.window:
+            # Narrowing sends nothing, so it may be done while deliveries are being handed out.
+            self.core.engine.set_window(live.sub_id, window, trio.current_time())
+        else:
+            self.core.pipeline.set_window(live.sub_id, window)
+        live.window = window
+
+    def _available(self, live: PullConsumer) -> bool:
+        """Whether a pull of this consumer would get a message now (its own, or its group's)."""
+        if live.consumer.has_ready():
+            return True
+        return (
+            any(
+                other.consumer.redelivered or (other.consumer.new and not other.consumer.waiting)
+                for other in self._groups.get(live.group_key, ())
+                if other is not live
+            )
+            if live.group_key[2]
+            else False
+        )
+
+    def _borrow(self, live: PullConsumer) -> pp.Ready | None:
+        """For a queue member with nothing re-enqueued to pull: the lowest re-enqueued message another
+        member holds, else (when it has nothing new either) the oldest new one another member holds."""
+        if not live.group_key[2]:
+            return None
+        consumer = live.consumer
+        own = consumer.first_redelivered()
+        best: tuple[int, PullConsumer] | None = None
+        for other in self._groups.get(live.group_key, ()):
+            seq = other.consumer.first_redelivered() if other is not live else None
+            if seq is not None and (own is None or seq < own) and (best is None or seq < best[0]):
+                best = (seq, other)
+        if best is not None:
+            return best[1].consumer.lend(best[0])
+        if consumer.has_ready():
+            return None
+        for other in self._groups.get(live.group_key, ()):
+            if other is not live and other.consumer.new and not other.consumer.waiting:
+                return other.consumer.lend()
+        return None
 
     async def acknowledge(
         self, live: PullConsumer, seq: int, if_match: str | None, acknowledge: bool
@@ -255,21 +332,32 @@ class PullDoor:
         if decision.status == 412:
             self._stale += 1
         if not decision.action:
+            self._open(live)  # the decision may have voided an expired delivery
             return decision
         consumer.settle(seq, acknowledge, now)
+        self._open(live)  # narrowed before the ack, which would otherwise refill what it frees
         if acknowledge:
             self._acked += 1
             self.core.pipeline.ack(live.sub_id, seq)
             await self.core.runtime.write_now()  # 204 only once the ack is stored
         else:
             self._nacked += 1
-            if live.waiter is not None:
-                live.waiter.set()
+            self._wake(live)
         return decision
+
+    def _wake(self, live: PullConsumer) -> None:
+        """A message is ready at `live`: its waiting pull, or else its group's, may take it."""
+        if live.waiter is not None:
+            live.waiter.set()
+            return
+        if live.group_key[2]:
+            for other in self._groups.get(live.group_key, ()):
+                if other.waiter is not None:
+                    other.waiter.set()
 
     # -- publishing ------------------------------------------------------------------------------
 
-    async def publish(self, channel: str, data: bytes) -> int:
+    async def publish(self, channel: str, data: bytes, content_type: str = "") -> int:
         """Store one message; its sequence once committed. Raises RequestError or StoreError."""
         await self.core.ready.wait()
         if channel in self.core.pipeline.deleting:
@@ -277,7 +365,7 @@ class PullDoor:
         self._serial += 1
         key = f"{INBOX_PREFIX}p{self._serial}"
         commit = self._commits[key] = _Commit()
-        pending = self.core.publish(Publish(channel, data, "", key, key, self))
+        pending = self.core.publish(Publish(channel, data, "", key, key, self, content_type=content_type))
         if pending is not None:
             await pending
         await commit.done.wait()
@@ -298,9 +386,10 @@ class PullDoor:
                 for other in self._groups.get(live.group_key, ()):
                     if other is not live:
                         other.consumer.forget(m.seq, now, "redelivered")
-            live.consumer.offer(m.seq, m.timestamp_unix_ns, m.data, d.attempt, now)
-            if live.waiter is not None:
-                live.waiter.set()
+                        self._open(other)
+            live.consumer.offer(m.seq, m.timestamp_unix_ns, m.data, d.attempt, now, m.content_type)
+            self._open(live)
+            self._wake(live)
 
     def published(self, publishes: Sequence[Publish], errors: dict[int, Exception]) -> None:
         for p in publishes:

@@ -26,6 +26,7 @@ from streaming.pull import protocol as pp
 from streaming.pull.door import Conflict, PullConsumer, PullDoor
 
 _CHANNEL = re.compile(r"[^./*>\s]+(\.[^./*>\s]+)*")  # a literal NATS subject, as STAN channels are
+_CONTENT_TYPE = re.compile(r"[\x20-\x7e]{0,255}")  # what the store keeps (storage.codec)
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -38,6 +39,10 @@ def _links(*links: tuple[str, str, str]) -> str:
     return ", ".join(f'<{url}>; rel="{rel}"{extra}' for url, rel, extra in links)
 
 
+_MIRRORED = {"create": "msg-create", "pull-consumers": "msg-pull-consumers", "consumer": "msg-consumer"}
+_MIRRORED_ACK = "msg-acknowledgement"
+
+
 def _rfc3339(unix_s: float) -> str:
     return (
         datetime.datetime.fromtimestamp(unix_s, datetime.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
@@ -48,6 +53,7 @@ class PullApp:
     def __init__(self, door: PullDoor, *, max_payload: int) -> None:
         self.door = door
         self.max_payload = max_payload
+        self.mirror = door.settings.msg_headers
         base = "/channels/{channel}"
         consumer = base + "/pull-consumers/{cid}"
         self.routes = [
@@ -92,13 +98,28 @@ class PullApp:
     def _ack_link(self, request: Request, live: PullConsumer, seq: int, tag: str) -> tuple[str, str, str]:
         return (f"{self._consumer_url(request, live)}/acknowledgements/{seq}", "acknowledgement", f'; etag="{tag}"')
 
+    def _link_headers(self, links: list[tuple[str, str, str]], live: PullConsumer | None = None) -> dict[str, str]:
+        """A `Link` header with these links and, when the server mirrors them, the same URLs in the
+        `msg-*` headers that Artemis REST clients follow."""
+        headers = {"Link": _links(*links)}
+        if self.mirror:
+            auto = live is not None and not live.consumer.options.ack_manual
+            for url, rel, _ in links:
+                if rel == "next":
+                    headers["msg-consume-next" if auto else "msg-acknowledge-next"] = url
+                elif rel == "acknowledgement":
+                    headers.setdefault(_MIRRORED_ACK, url)  # the delivery's own (it comes first)
+                elif rel in _MIRRORED:
+                    headers[_MIRRORED[rel]] = url
+        return headers
+
     def _live(self, request: Request) -> PullConsumer | Response:
         cid = request.path_params["cid"]
         live = self.door.get(cid)
         if live is None or live.consumer.channel != request.path_params["channel"]:
             factory = f"{self._base(request, request.path_params['channel'])}/pull-consumers"
             error = "consumer-expired" if self.door.tombstoned(cid) else "unknown-consumer"
-            return _problem(404, error, {"Link": _links((factory, "pull-consumers", ""))})
+            return _problem(404, error, self._link_headers([(factory, "pull-consumers", "")]))
         return live
 
     # -- channels ----------------------------------------------------------------------------------
@@ -111,8 +132,10 @@ class PullApp:
         base = self._base(request, channel)
         body = {"first_seq": info.first_seq if info.msgs else 0, "last_seq": info.last_seq, "msgs": info.msgs}
         body["bytes"] = info.bytes
-        links = _links((f"{base}/messages", "create", ""), (f"{base}/pull-consumers", "pull-consumers", ""))
-        return JSONResponse(body, headers={"Link": links})
+        links = self._link_headers(
+            [(f"{base}/messages", "create", ""), (f"{base}/pull-consumers", "pull-consumers", "")]
+        )
+        return JSONResponse(body, headers=links)
 
     async def publish(self, request: Request) -> Response:
         channel = request.path_params["channel"]
@@ -122,8 +145,12 @@ class PullApp:
             if len(body) > self.max_payload:
                 # The rest of the body is not read: the connection cannot carry another request.
                 return _problem(413, "payload-too-large", {"Connection": "close"}, limit=self.max_payload)
+        content_type = request.headers.get("content-type", "")
+        if not _CONTENT_TYPE.fullmatch(content_type):
+            detail = "a media type of at most 255 printable ASCII characters"
+            return _problem(400, "bad-parameter", parameter="Content-Type", detail=detail)
         try:
-            seq = await self.door.publish(channel, bytes(body))
+            seq = await self.door.publish(channel, bytes(body), content_type)
         except (RequestError, StoreError) as exc:
             status = 507 if isinstance(exc, StoreError) else 400
             return _problem(status, "not-stored", detail=str(exc) if isinstance(exc, RequestError) else "store error")
@@ -149,7 +176,7 @@ class PullApp:
             return _problem(507, "not-stored", detail="store error")
         url = self._consumer_url(request, live)
         body = {"consumer": live.consumer.id, "channel": channel, **options.as_json(), "step": 0}
-        headers = {"Location": url, "Link": _links(*self._next_links(request, live))}
+        headers = {"Location": url, **self._link_headers(self._next_links(request, live), live)}
         return JSONResponse(body, status_code=201, headers=headers)
 
     async def consumer(self, request: Request) -> Response:
@@ -175,7 +202,7 @@ class PullApp:
             links.append(self._ack_link(request, live, seq, h.tag))
         body = {"consumer": consumer.id, "channel": consumer.channel, **consumer.options.as_json()}
         body.update(step=consumer.step, in_flight=inflight)
-        return JSONResponse(body, headers={"Link": _links(*links)})
+        return JSONResponse(body, headers=self._link_headers(links, live))
 
     async def delete(self, request: Request) -> Response:
         live = self._live(request)
@@ -223,18 +250,18 @@ class PullApp:
                 "Msg-Timestamp": _rfc3339(h.timestamp_unix_ns / 1e9),
                 "Msg-Redelivered": "true" if h.count > 1 else "false",
                 "Msg-Delivery-Count": str(h.count),
-                "Link": _links(*links),
+                **self._link_headers(links, live),
             }
             if h.tag:
                 headers["Msg-Ack-Deadline"] = _rfc3339(h.deadline_unix_s)
-            return Response(h.data, media_type="application/octet-stream", headers=headers)
-        next_links = _links(*self._next_links(request, live))
+            return Response(h.data, media_type=h.content_type or "application/octet-stream", headers=headers)
+        next_links = self._link_headers(self._next_links(request, live), live)
         if result.status == 503:
-            return _problem(503, "no-message", {"Retry-After": "1", "Link": next_links})
+            return _problem(503, "no-message", {"Retry-After": "1", **next_links})
         if result.status == 412:
-            return _problem(412, "step-out-of-sync", {"Link": next_links}, step=consumer.step)
+            return _problem(412, "step-out-of-sync", next_links, step=consumer.step)
         links = [self._ack_link(request, live, seq, b.handout.tag) for seq, b in sorted(consumer.bound.items())]
-        return _problem(409, "max-inflight", {"Link": _links(*links, *self._next_links(request, live))})
+        return _problem(409, "max-inflight", self._link_headers([*links, *self._next_links(request, live)], live))
 
     # -- acknowledgements --------------------------------------------------------------------------
 
@@ -252,7 +279,7 @@ class PullApp:
             return _problem(400, "bad-parameter", parameter=exc.name, detail=str(exc))
         decision = await self.door.acknowledge(live, seq, request.headers.get("if-match"), acknowledge)
         if decision.status == 204:
-            return Response(status_code=204, headers={"Link": _links(*self._next_links(request, live))})
+            return Response(status_code=204, headers=self._link_headers(self._next_links(request, live), live))
         if decision.status == 405:
             return _problem(405, "already-acknowledged", {"Allow": "GET, HEAD"})
         return JSONResponse(decision.body or {"error": "refused"}, status_code=decision.status)

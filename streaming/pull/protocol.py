@@ -39,6 +39,7 @@ class PullSettings:
     ack_replay_window_s: float = 600.0  # how long a settled tag answers a repeated ack
     ack_replay_405: bool = False  # answer a repeated ack with 405 (REST-* POST-once-exactly clients)
     sweep_s: float = 1.0  # how often idle consumers are looked for
+    msg_headers: bool = False  # also give each link as an Artemis REST `msg-*` header
 
 
 @attrs.frozen
@@ -161,6 +162,7 @@ class Handout:
     count: int  # delivery count, 1 on the first
     tag: str  # "" in auto-ack mode
     deadline_unix_s: float  # when its AckWait ends (wall clock, for Msg-Ack-Deadline)
+    content_type: str = ""  # the publisher's, "" when it gave none
 
 
 @attrs.define(slots=True)
@@ -178,11 +180,16 @@ class Settled:
 
 
 @attrs.define(slots=True)
-class _Ready:
+class Ready:
+    """A message waiting for a pull. `borrowed`: taken from another member of the queue group, whose
+    engine subscription still holds it (acks reach it through the group)."""
+
     seq: int
     timestamp_unix_ns: int
     data: bytes
     attempt: int
+    content_type: str = ""
+    borrowed: bool = False
 
 
 @attrs.frozen
@@ -202,23 +209,27 @@ class Consumer:
         self.epoch = epoch
         self.step = 0  # the last step that produced a message
         self.last: Handout | None = None  # what that step handed out (replayed on a retry)
-        self.redelivered: dict[int, _Ready] = {}  # re-enqueued, handed out lowest sequence first
-        self.new: deque[_Ready] = deque()
+        self.redelivered: dict[int, Ready] = {}  # re-enqueued, handed out lowest sequence first
+        self.new: deque[Ready] = deque()
         self.bound: dict[int, Bound] = {}
         self.settled: dict[str, Settled] = {}
         self.counts: dict[int, int] = {}  # seq -> delivery count of its latest hand-out here
         self.delivered: dict[int, float] = {}  # seq -> when last handed out here (for 404 vs 412)
+        self.borrowed: set[int] = set()  # bound here, held by another member's engine subscription
+        self.waiting = 0  # pulls waiting for a message
         self.last_active = now
 
     # -- what the engine sends ---------------------------------------------------------------------
 
-    def offer(self, seq: int, timestamp_unix_ns: int, data: bytes, attempt: int, now: float) -> None:
+    def offer(
+        self, seq: int, timestamp_unix_ns: int, data: bytes, attempt: int, now: float, content_type: str = ""
+    ) -> None:
         """The engine sent `seq` to this consumer's subscription: it waits for a pull. A delivery of
         it already handed out here is void from now on."""
         bound = self.bound.pop(seq, None)
         if bound is not None:
             self._void(bound, now, "expired" if now >= bound.deadline else "redelivered")
-        entry = _Ready(seq, timestamp_unix_ns, data, attempt)
+        entry = Ready(seq, timestamp_unix_ns, data, attempt, content_type)
         if attempt > 1 or seq in self.counts:
             self.redelivered[seq] = entry
             self.new = deque(e for e in self.new if e.seq != seq)
@@ -230,6 +241,29 @@ class Consumer:
         bound = self.bound.pop(seq, None)
         if bound is not None:
             self._void(bound, now, why)
+        self.redelivered.pop(seq, None)  # a copy waiting here is stale too
+        if any(e.seq == seq for e in self.new):
+            self.new = deque(e for e in self.new if e.seq != seq)
+
+    def window(self) -> int:
+        """How many pending messages its engine subscription should hold: those handed out and not
+        settled (but those another member's subscription holds), and one per waiting pull. The engine
+        sends new messages only up to it, so none waits here for a pull that may never come."""
+        return len(self.bound) - len(self.borrowed) + self.waiting
+
+    # -- queue-group sharing -------------------------------------------------------------------------
+
+    def first_redelivered(self) -> int | None:
+        """The lowest re-enqueued sequence waiting here (None: none)."""
+        return min(self.redelivered) if self.redelivered else None
+
+    def lend(self, seq: int | None = None) -> Ready | None:
+        """A waiting message for another member of the queue group, which has none to pull: the
+        re-enqueued `seq`, or (None) the oldest new one. It stays this subscription's in the engine."""
+        entry = self.redelivered.pop(seq, None) if seq is not None else (self.new.popleft() if self.new else None)
+        if entry is not None:
+            entry.borrowed = True
+        return entry
 
     # -- pulls -------------------------------------------------------------------------------------
 
@@ -239,9 +273,12 @@ class Consumer:
     def full(self) -> bool:
         return len(self.bound) >= self.options.max_inflight
 
-    def take(self, now: float, wall_s: float, serial: str) -> Handout | None:
-        """Hand out the next ready message (sent-again ones first), under a fresh tag."""
-        if self.redelivered:
+    def take(self, now: float, wall_s: float, serial: str, lent: Ready | None = None) -> Handout | None:
+        """Hand out `lent` (from another member) or the next ready message (sent-again ones first),
+        under a fresh tag."""
+        if lent is not None:
+            entry = lent
+        elif self.redelivered:
             entry = self.redelivered.pop(min(self.redelivered))
         elif self.new:
             entry = self.new.popleft()
@@ -254,11 +291,16 @@ class Consumer:
         tag = ""
         if self.options.ack_manual:
             tag = f"{self.epoch}-{self.id}-{entry.seq}-{count}-{serial}"
-            self.bound[entry.seq] = Bound(
-                Handout(entry.seq, entry.timestamp_unix_ns, entry.data, count, tag, wall_s + ack_wait), now + ack_wait
+            handout = Handout(
+                entry.seq, entry.timestamp_unix_ns, entry.data, count, tag, wall_s + ack_wait, entry.content_type
             )
-            return self.bound[entry.seq].handout
-        return Handout(entry.seq, entry.timestamp_unix_ns, entry.data, count, tag, wall_s + ack_wait)
+            self.bound[entry.seq] = Bound(handout, now + ack_wait)
+            if entry.borrowed:
+                self.borrowed.add(entry.seq)
+            return handout
+        return Handout(
+            entry.seq, entry.timestamp_unix_ns, entry.data, count, tag, wall_s + ack_wait, entry.content_type
+        )
 
     def replayable(self, now: float) -> Handout | None:
         """What a retry of the last step gets again: its delivery if still current (manual), or the
@@ -313,6 +355,8 @@ class Consumer:
         """An ack or nack of the current delivery of `seq` took effect. A nacked message is ready
         again at once, ahead of newer ones."""
         bound = self.bound.pop(seq)
+        borrowed = seq in self.borrowed
+        self.borrowed.discard(seq)
         tag = bound.handout.tag
         if acknowledge:
             self.settled[tag] = Settled(seq, "acked", now)
@@ -320,7 +364,7 @@ class Consumer:
         else:
             self.settled[tag] = Settled(seq, "nacked", now)
             h = bound.handout
-            self.redelivered[seq] = _Ready(seq, h.timestamp_unix_ns, h.data, h.count + 1)
+            self.redelivered[seq] = Ready(seq, h.timestamp_unix_ns, h.data, h.count + 1, h.content_type, borrowed)
 
     def current_tag(self, seq: int, now: float) -> str | None:
         bound = self.bound.get(seq)
@@ -350,6 +394,7 @@ class Consumer:
         for bound in self.bound.values():
             self._void(bound, now, why)
         self.bound.clear()
+        self.borrowed.clear()
         self.redelivered.clear()
         self.new.clear()
 
@@ -360,6 +405,7 @@ class Consumer:
         self.delivered = {q: at for q, at in self.delivered.items() if at >= cutoff or q in self.bound}
 
     def _void(self, bound: Bound, now: float, why: str) -> None:
+        self.borrowed.discard(bound.handout.seq)
         self.settled[bound.handout.tag] = Settled(bound.handout.seq, "void", now, why)
 
 

@@ -14,6 +14,7 @@ import re
 from google.protobuf.message import DecodeError, Message
 
 from storage.base import MAX_NAME_BYTES
+from storage.codec import MAX_REPLY_BYTES
 from storage.records import StartPosition, SubOptions
 from streaming.core import errors
 from streaming.core.engine import SubscribeRequest
@@ -72,6 +73,9 @@ def parse_publish(payload: bytes) -> pb.PubMsg:
         raise InvalidRequest(errors.INVALID_PUBLISH, "") from exc
     if not message.guid or not valid_channel(message.subject):
         raise InvalidRequest(errors.INVALID_PUBLISH, message.guid)
+    reply = message.reply
+    if len(reply) > MAX_REPLY_BYTES // 4 and len(reply.encode()) > MAX_REPLY_BYTES:
+        raise InvalidRequest(errors.INVALID_PUBLISH, message.guid)  # the store could not keep it
     return message
 
 

@@ -73,6 +73,7 @@ class Model:
     last_new: dict[Owner, int] = attrs.Factory(dict)
     floor: dict[Owner, int] = attrs.Factory(dict)
     max_inflight: dict[int, int] = attrs.Factory(dict)
+    window: dict[int, int] = attrs.Factory(dict)  # what set_window opened (a pull door's consumer)
     dead_total: int = 0
 
 
@@ -136,6 +137,7 @@ class EngineMachine(RuleBasedStateMachine):
             assert previous is not None
             assert now + EPS >= previous.at + previous.delay, f"I5: {key} redelivered {now - previous.at}s after"
         if event.reason is Reason.NEW:
+            assert self.model.window.get(sub_id, 1) > 0, "a new message went out through a closed window"
             # Checked at the end of the pass that sent it: nothing of this subscription may still wait.
             if exists:
                 assert not self.h.engine.inspect.waiting(sub_id), "I8: a new message went out before due redeliveries"
@@ -185,6 +187,7 @@ class EngineMachine(RuleBasedStateMachine):
         record = self.h.engine.subscription(sub_id)
         assert record is not None
         self.model.max_inflight[sub_id] = max_inflight
+        self.model.window.pop(sub_id, None)
         if owner not in self.model.start:
             info = self.h.store.channel_info(CHANNEL)
             assert info is not None
@@ -231,6 +234,16 @@ class EngineMachine(RuleBasedStateMachine):
         seq = data.draw(st.sampled_from(pending))
         if self.h.engine.ack_progress(sub_id, seq, self.h.now):
             self.model.sent[(self._owner(sub_id), seq)].at = self.h.now
+        self.h.collect()
+
+    @precondition(lambda self: self._online())
+    @rule(data=st.data(), window=st.integers(0, 5))
+    def set_window(self, data: st.DataObject, window: int) -> None:
+        """Deliveries on demand: the window opens and closes; redeliveries still go out, new messages
+        only through an open window, and nothing is lost or owned twice meanwhile."""
+        sub_id = data.draw(st.sampled_from(self._online()))
+        self.model.window[sub_id] = min(window, self.model.max_inflight[sub_id])
+        self.h.engine.set_window(sub_id, window, self.h.now)
         self.h.collect()
 
     @rule(dt=st.sampled_from([0.1, 0.5, 0.999, 1.0, 1.5, 3.0, 7.0]))
@@ -290,6 +303,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.h.collect()
         recovered = {s: self.h.engine.inspect.pending(s) for s in self._online()}
         mark = len(self.events)
+        self.model.window.clear()  # a new server knows nothing of windows: doors open them again
         self.h.restart()
         self.hb_failed.clear()  # a new server knows nothing of earlier heartbeat failures
         # I8: recovered messages before any new one, per subscription, and all of them at once.

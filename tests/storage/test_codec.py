@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from storage.codec import MSG_HEADER_SIZE, decode_message, encode_reply, encode_run
+from storage.codec import EMPTY_HEAD, MSG_HEADER_SIZE, decode_message, encode_head, encode_run, value_size
 from storage.errors import IntegrityError
 
 
@@ -16,20 +16,52 @@ from storage.errors import IntegrityError
     channel_id=st.integers(0, 2**32 - 1),
     first=st.integers(1, 2**63),
     ts=st.integers(-(2**63), 2**63 - 1),
-    bodies=st.lists(st.tuples(st.text(max_size=40), st.binary(max_size=300)), min_size=1, max_size=5),
+    bodies=st.lists(
+        st.tuples(
+            st.text(max_size=40),
+            st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=60),
+            st.binary(max_size=300),
+        ),
+        min_size=1,
+        max_size=5,
+    ),
 )
 def test_what_encode_run_writes_decodes_to_the_same_message(
-    channel_id: int, first: int, ts: int, bodies: list[tuple[str, bytes]]
+    channel_id: int, first: int, ts: int, bodies: list[tuple[str, str, bytes]]
 ) -> None:
-    pairs = encode_run(channel_id, first, ts, [(encode_reply(r), d) for r, d in bodies])
-    for i, ((key, value), (reply, data)) in enumerate(zip(pairs, bodies, strict=True)):
+    heads = [encode_head(r, t) for r, t, _ in bodies]
+    pairs = encode_run(channel_id, first, ts, [(h, d) for h, (_, _, d) in zip(heads, bodies, strict=True)])
+    for i, ((key, value), (reply, content_type, data)) in enumerate(zip(pairs, bodies, strict=True)):
+        assert len(value) == value_size(heads[i], data)
         for raw in (value, memoryview(value)):  # LMDB hands back either
             m = decode_message(key, raw, "ch")
-            assert (m.seq, m.timestamp_unix_ns, m.subject, m.reply, m.data) == (first + i, ts, "ch", reply, data)
+            got = (m.seq, m.timestamp_unix_ns, m.subject, m.reply, m.content_type, m.data)
+            assert got == (first + i, ts, "ch", reply, content_type, data)
+
+
+def test_a_value_without_reply_or_content_type_has_the_original_layout() -> None:
+    """Stores written before content types existed read the same: the head is the bare length."""
+    assert encode_head("", "") == EMPTY_HEAD == b"\x00\x00"
+    assert encode_head("r", "") == b"\x00\x01r"
+
+
+@pytest.mark.parametrize("content_type", ["caf\u00e9/x", "a\nb", "x" * 256])
+def test_a_content_type_the_store_cannot_keep_is_refused(content_type: str) -> None:
+    with pytest.raises(ValueError, match="content type"):
+        encode_head("", content_type)
+
+
+def test_a_content_type_past_the_end_is_corrupt_even_with_a_matching_checksum() -> None:
+    key, value = _one(reply="", data=b"")
+    tail = (0x8000).to_bytes(2, "big") + bytes([200]) + b"text/plain"  # says 200 bytes, holds 10
+    crc = zlib.crc32(tail, zlib.crc32(value[:8], zlib.crc32(key)))
+    forged = value[:8] + crc.to_bytes(4, "big") + tail
+    with pytest.raises(IntegrityError, match="content type past the end"):
+        decode_message(key, forged, "ch")
 
 
 def _one(reply: str = "r", data: bytes = b"payload") -> tuple[bytes, bytes]:
-    return encode_run(7, 42, 1, [(encode_reply(reply), data)])[0]
+    return encode_run(7, 42, 1, [(encode_head(reply), data)])[0]
 
 
 def test_a_value_shorter_than_its_header_is_corrupt() -> None:
@@ -49,7 +81,7 @@ def test_any_flipped_byte_fails_the_checksum() -> None:
 
 def test_a_value_under_another_key_fails_the_checksum() -> None:
     _, value = _one()
-    other_key, _ = encode_run(7, 43, 1, [(b"r", b"payload")])[0]
+    other_key, _ = encode_run(7, 43, 1, [(encode_head("r"), b"payload")])[0]
     with pytest.raises(IntegrityError, match="checksum mismatch"):
         decode_message(other_key, value, "ch")
 

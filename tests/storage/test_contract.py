@@ -154,6 +154,23 @@ def test_messages_carry_every_field(make_store: StoreMaker) -> None:
     assert store.get("orders.eu", 0) is None
 
 
+def test_a_content_type_is_kept_with_its_message_and_counted(make_store: StoreMaker) -> None:
+    store = make_store()
+    store.ensure_channel("docs")
+    store.append(
+        [NewMessage("docs", b'{"a":1}', content_type="application/json"), NewMessage("docs", b"plain")],
+        now_unix_ns=3 * S,
+    )
+    typed, bare = store.read("docs", 1, 2)
+    assert (typed.content_type, typed.data, bare.content_type) == ("application/json", b'{"a":1}', "")
+    info = store.channel_info("docs")
+    assert info is not None
+    assert info.bytes == message_size(b"", b'{"a":1}', "application/json") + message_size(b"", b"plain")
+    if make_store.recoverable:  # from the journal, then from LMDB after a checkpoint
+        store = make_store.reopen(store)
+        assert [m.content_type for m in store.read("docs", 1, 2)] == ["application/json", ""]
+
+
 def test_get_many_returns_scattered_messages_in_the_order_asked(make_store: StoreMaker) -> None:
     store = make_store()
     store.ensure_channel("a")

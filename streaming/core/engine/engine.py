@@ -248,6 +248,18 @@ class Engine:
         self._pump_sub(sub, now)
         return sub.record.sub_id
 
+    def durable_bindings(self, channel: str, durable_name: str, client_id: str) -> list[str]:
+        """The queue groups durable `durable_name` names on `channel` (live or keeping an empty
+        group's state), and "" when `client_id` holds a durable of that name outside any group."""
+        found = [
+            group.name.split(":", 1)[1]
+            for group in self._groups.get(channel, {}).values()
+            if group.durable and group.name.split(":", 1)[0] == durable_name
+        ]
+        if (client_id, channel, durable_name) in self._durables:
+            found.append("")
+        return found
+
     def creates_durable(self, request: SubscribeRequest) -> bool:
         """Whether `subscribe(request)` would make a durable (or durable queue group) that does not exist."""
         if not request.durable_name:
@@ -281,6 +293,8 @@ class Engine:
             options=request.options,
         )
         sub = Sub(record, group, online=True)
+        if request.on_demand:
+            sub.window = 0
         self._add(sub)
         self._emit_if(SubscriptionCreated(sub.ref, resumed=False))
         return sub
@@ -312,6 +326,7 @@ class Engine:
             is_closed=False,
         )
         sub.ref = ref(sub.record)
+        sub.window = 0 if request.on_demand else request.max_inflight
         sub.online = True
         sub.pending.make_all_due(Reason.RESUME)
         self._emit_if(SubscriptionCreated(sub.ref, resumed=True))
@@ -474,6 +489,18 @@ class Engine:
             self._to_pump[owner_id] = now
         return True
 
+    def set_window(self, sub_id: int, window: int, now: float) -> None:
+        """Deliveries on demand: the subscription may hold `window` pending messages (never more than
+        its MaxInflight) before new ones wait. A wider window is filled at the next `take_effects`;
+        redeliveries are not held back by it (a pull door keeps them until they are pulled)."""
+        sub = self._subs.get(sub_id)
+        if sub is None:
+            return
+        window = max(0, min(window, sub.record.max_inflight))
+        if window > sub.window and sub.online:
+            self._to_pump[sub_id] = now
+        sub.window = window
+
     def ack_progress(self, sub_id: int, seq: int, now: float) -> bool:
         """A "working" ack: restart the wait of one in-flight message without acking it."""
         sub = self._subs.get(sub_id)
@@ -619,7 +646,7 @@ class Engine:
             return
         start = sub.last_sent
         while sub.last_sent < info.last_seq and not sub.stalled:
-            room = sub.record.max_inflight - len(sub.pending)
+            room = sub.window - len(sub.pending)
             batch = self._reader.read(sub.record.channel, sub.last_sent + 1, min(room, READ_BATCH))
             if not batch:
                 sub.last_sent = info.last_seq  # the rest was evicted
@@ -650,7 +677,7 @@ class Engine:
                 break  # every member is stalled: the group is stalled (no store lookups)
             # Read no more than the members can take: after an ack that is one message, not a batch.
             room = sum(
-                m.record.max_inflight - len(m.pending)
+                m.window - len(m.pending)
                 for m in group.members
                 if not m.stalled and not m.pending.due_count and m not in failed
             )

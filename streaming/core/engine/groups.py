@@ -1,7 +1,7 @@
 """Queue groups: members share one position and take turns; `pick` is who gets the next message.
 
 A message goes to the member with the fewest pending messages that is not failing heartbeats (and,
-for a new message, not stalled at MaxInflight and with nothing due); ties rotate round-robin. When a
+for a new message, not stalled at MaxInflight (or its window) and with nothing due); ties rotate round-robin. When a
 member leaves, its pending messages go round-robin to the others, due at once (the engine's
 `_hand_over`); an empty durable group keeps its state as a "shadow" for the members to come.
 """
@@ -34,7 +34,7 @@ class Group:
         for member in self.members:
             pending = member.pending
             size = len(pending)
-            if member in failed or (for_new and (size >= member.record.max_inflight or pending.due_count)):
+            if member in failed or (for_new and (size >= member.window or pending.due_count)):
                 continue
             if best is None or size < fewest:
                 best, fewest = member, size

@@ -29,6 +29,9 @@ class SubscribeRequest:
     start_sequence: int = 0
     start_time_delta_ns: int = 0
     options: SubOptions = attrs.field(factory=SubOptions)
+    # Deliveries on demand (a pull door's consumer): nothing new is sent until the door opens the
+    # subscription's window with `Engine.set_window`.
+    on_demand: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.ack_wait_ms <= 0 or self.max_inflight <= 0:
@@ -38,10 +41,13 @@ class SubscribeRequest:
 class Sub:
     """One subscription: plain, durable, queue member, or the offline shadow of a durable group."""
 
-    __slots__ = ("group", "last_sent", "online", "pending", "record", "ref")
+    __slots__ = ("group", "last_sent", "online", "pending", "record", "ref", "window")
 
     def __init__(self, record: SubscriptionRecord, group: Group | None, online: bool) -> None:
         self.record = record
+        # How many pending messages it may hold before new ones wait: its MaxInflight, or for a
+        # subscription on demand what its door opened (`Engine.set_window`), never more.
+        self.window = record.max_inflight
         self.group = group
         self.online = online
         self.last_sent = record.last_sent
@@ -56,7 +62,7 @@ class Sub:
 
     @property
     def stalled(self) -> bool:
-        return len(self.pending) >= self.record.max_inflight
+        return len(self.pending) >= self.window
 
 
 @attrs.frozen
@@ -66,7 +72,7 @@ class SubscriptionView:
     record: SubscriptionRecord  # last_sent is the current position (the group's, for queue members)
     online: bool
     pending_count: int  # unacknowledged messages, sent or waiting to be redelivered
-    stalled: bool  # at MaxInflight: nothing new goes out until something is acked
+    stalled: bool  # at MaxInflight (or its window): nothing new goes out until something is acked
 
 
 class Client:
