@@ -14,7 +14,7 @@ import trio
 
 from streaming.running import Running
 from tests.bayeux.test_restart import http_api_port
-from tests.pull.test_scenarios import create, link, publish, pull_config
+from tests.pull.harness import create, link, publish, pull_config
 from tests.wire.servers import ServerProcess, eventually, running
 
 pytestmark = pytest.mark.slow

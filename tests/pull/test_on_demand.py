@@ -5,7 +5,6 @@ message, and the Artemis `msg-*` link headers are there when asked for. Real TCP
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -14,22 +13,10 @@ import trio
 
 from streaming.client import connect
 from streaming.running import Running
-from tests.pull.test_scenarios import ack, create, link, pending, publish, pull_config
+from tests.pull.harness import ack, create, link, pending, publish, pull_config
 from tests.wire.servers import running
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[Running]:
-    async with running(pull_config(tmp_path / "data")) as srv:
-        yield srv
-
-
-@pytest.fixture
-async def http(server: Running) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_api_port}", timeout=30) as client:
-        yield client
 
 
 async def test_a_message_waits_in_the_channel_until_it_is_pulled(http: httpx.AsyncClient, server: Running) -> None:

@@ -5,9 +5,7 @@ idle expiry and tombstones, durables across a restart, queue groups, auto-ack, a
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -17,62 +15,10 @@ from streaming.bayeux import protocol as bx
 from streaming.client import connect
 from streaming.running import Running
 from tests.bayeux.harness import raw_client
-from tests.wire.servers import config, running
+from tests.pull.harness import ack, create, link, pending, publish, pull_config
+from tests.wire.servers import running
 
 pytestmark = pytest.mark.slow
-
-FAST: dict[str, Any] = {"http_api_port": -1, "pull_tombstone_ttl": 4.0, "pull_max_wait": 5.0}
-
-
-def pull_config(directory: Path, **overrides: Any) -> Any:
-    return config(directory, **{**FAST, **overrides})
-
-
-@pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[Running]:
-    async with running(pull_config(tmp_path / "data")) as srv:
-        yield srv
-
-
-@pytest.fixture
-async def http(server: Running) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_api_port}", timeout=30) as client:
-        yield client
-
-
-def link(response: httpx.Response, rel: str) -> dict[str, str]:
-    found = response.links.get(rel)
-    assert found is not None, (rel, response.headers.get("link"))
-    return found
-
-
-async def publish(http: httpx.AsyncClient, channel: str, *bodies: bytes) -> list[int]:
-    seqs = []
-    for body in bodies:
-        response = await http.post(f"/channels/{channel}/messages", content=body)
-        assert response.status_code == 201, response.text
-        seqs.append(int(response.headers["msg-sequence"]))
-    return seqs
-
-
-async def create(http: httpx.AsyncClient, channel: str, **params: Any) -> httpx.Response:
-    response = await http.post(f"/channels/{channel}/pull-consumers", data={k: str(v) for k, v in params.items()})
-    assert response.status_code == 201, response.text
-    return response
-
-
-async def ack(
-    http: httpx.AsyncClient, pulled: httpx.Response, *, acknowledge: bool = True, tag: str | None = None
-) -> httpx.Response:
-    target = link(pulled, "acknowledgement")
-    etag = tag if tag is not None else f'"{target["etag"]}"'
-    return await http.post(
-        target["url"], headers={"If-Match": etag}, data={"acknowledge": "true" if acknowledge else "false"}
-    )
-
-
-def pending(server: Running, channel: str) -> int:
-    return sum(v.pending_count for v in server.core.engine.views() if v.record.channel == channel)
 
 
 async def test_create_and_discover(http: httpx.AsyncClient) -> None:
