@@ -16,6 +16,16 @@ a socket is one input span: listeners registered with `add_span_listener` (the d
 when one starts and ends, so work can be batched per read rather than per message. A large read is
 handled in slices (`_EVENTS_PER_STEP`), each its own span, with a checkpoint after each, so other
 connections' writers are not starved meanwhile.
+
+The broker also keeps the server's own subjects to the server (see docs/security.md):
+- *internal* subjects (`_STAN.` but for `_STAN.acks.`, where clients take their PubAcks; and any
+  prefix given to `protect`) reach in-process subscribers only: a client's SUB to one is refused with
+  nats-server's `Permissions Violation`, and a wildcard such as `>` never matches one;
+- *reserved* subjects (a STAN client's inboxes: `reserve`) belong to one connection: what the server
+  sends there reaches that connection only (or, while its owner is away, only literal subscriptions
+  of the subject, as a reconnecting client makes), and a client's PUB to one is refused;
+- `publish(..., to=cid)` answers a request to the connection that sent it only, and `sender` is the
+  connection whose message is being handled (0: none), for the STAN layer's checks.
 """
 
 from __future__ import annotations
@@ -48,6 +58,11 @@ _ACCEPT_RETRY_MAX_S = 1.0
 
 Handler = Callable[[str, str, bytes], Awaitable[None] | None]
 _NO_WAITS: list[Awaitable[None]] = []  # shared and never appended to
+_INTERNAL = "_STAN."
+_CLIENT_SPACE = "_STAN.acks."  # clients' own PubAck inboxes (stan.go, node-nats-streaming, ours)
+# Who may receive a message (`Broker._receivers`): anyone, nobody remote, literal subscriptions only,
+# or (a positive number) that connection only.
+_ANYONE, _NOBODY, _LITERAL = 0, -1, -2
 VERSION = "2.10.0"  # the NATS server version we behave like (clients only read it for features)
 
 
@@ -85,13 +100,13 @@ _ERROR_KINDS: dict[str, str] = {
     p.INVALID_SUBJECT: "invalid_subject",
     p.INVALID_PUBLISH_SUBJECT: "invalid_publish_subject",
 }
-PROTOCOL_ERROR_KINDS = (*_ERROR_KINDS.values(), "other")  # every key of Broker.protocol_errors
+PROTOCOL_ERROR_KINDS = (*_ERROR_KINDS.values(), "permissions", "other")  # every key of Broker.protocol_errors
 
 
 class _Sub:
     """One subscription: a remote connection's sid, or an in-process handler (conn is None)."""
 
-    __slots__ = ("conn", "delivered", "handler", "max_msgs", "queue", "sid", "subject")
+    __slots__ = ("conn", "delivered", "handler", "literal", "max_msgs", "queue", "sid", "subject")
 
     def __init__(self, conn: Connection | None, sid: str, subject: str, queue: str, handler: Handler | None) -> None:
         self.conn = conn
@@ -101,6 +116,7 @@ class _Sub:
         self.handler = handler
         self.max_msgs: int | None = None
         self.delivered = 0
+        self.literal = "*" not in subject and ">" not in subject
 
 
 class Connection:
@@ -127,6 +143,7 @@ class Connection:
         self.name = ""
         self.pings_out = 0
         self.subs: dict[str, _Sub] = {}
+        self.reserved: set[str] = set()  # subjects reserved for this connection
         self.reader_scope: trio.CancelScope | None = None
         try:
             self.remote = str(stream.socket.getpeername())
@@ -216,6 +233,10 @@ class Broker:
         self._cids = itertools.count(1)
         self._span_listeners: list[SpanListener] = []
         self._close_hooks: list[Callable[[list[str]], None]] = []
+        self._disconnect_hooks: list[Callable[[int], None]] = []
+        self._internal: tuple[str, ...] = (_INTERNAL,)
+        self._reserved: dict[str, int] = {}  # subject -> owning connection (0: away)
+        self.sender = 0  # the connection whose message is being handled (0: none, or in-process)
         self.holding = 0  # depth of `holding_writes` blocks
         self.held: list[Connection] = []  # connections with bytes queued inside them
         self.port = 0
@@ -246,6 +267,61 @@ class Broker:
         """`hook(subjects)` runs when a connection is gone, with the subjects it had subscribed to."""
         self._close_hooks.append(hook)
 
+    def add_disconnect_hook(self, hook: Callable[[int], None]) -> None:
+        """`hook(cid)` runs when connection `cid` is gone (after its reserved subjects lost their owner)."""
+        self._disconnect_hooks.append(hook)
+
+    # -- the server's own subjects ---------------------------------------------------------------
+
+    def protect(self, prefix: str) -> None:
+        """Make subjects starting with `prefix` internal too (a discover prefix outside `_STAN.`)."""
+        if prefix not in self._internal:
+            self._internal = (*self._internal, prefix)
+
+    def connected(self, cid: int) -> bool:
+        """Whether connection `cid` is open."""
+        return cid in self._conns
+
+    def internal(self, subject: str) -> bool:
+        """Whether `subject` is for in-process subscribers only (clients may not subscribe to it)."""
+        return subject.startswith(self._internal) and not subject.startswith(_CLIENT_SPACE)
+
+    def reserve(self, subject: str, owner: int) -> None:
+        """What the server sends to `subject` goes to connection `owner` only (0: the owner is away:
+        to literal subscriptions of it only), and no client may publish to it."""
+        previous = self._reserved.get(subject)
+        if previous == owner:
+            return
+        if previous:
+            conn = self._conns.get(previous)
+            if conn is not None:
+                conn.reserved.discard(subject)
+        conn = self._conns.get(owner) if owner else None
+        if conn is None:
+            owner = 0
+        else:
+            conn.reserved.add(subject)
+        self._reserved[subject] = owner
+
+    def release(self, subject: str) -> None:
+        owner = self._reserved.pop(subject, 0)
+        conn = self._conns.get(owner) if owner else None
+        if conn is not None:
+            conn.reserved.discard(subject)
+
+    def _receivers(self, subject: str, origin: Connection | None) -> int:
+        """Which remote subscriptions a message to `subject` may reach (see `_ANYONE`)."""
+        if subject.startswith(self._internal) and not subject.startswith(_CLIENT_SPACE):
+            return _NOBODY
+        owner = self._reserved.get(subject)
+        if owner is None:
+            return _ANYONE
+        if origin is not None:  # a client writing into another's inbox: forging its messages
+            origin.send(p.encode_err(f'{p.PERMISSIONS_VIOLATION} for Publish to "{subject}"'))
+            self.protocol_errors["permissions"] += 1
+            return _NOBODY
+        return owner or _LITERAL
+
     @contextmanager
     def holding_writes(self) -> Iterator[None]:
         """What is sent inside goes out at the end, one write per connection, straight to its socket
@@ -262,15 +338,34 @@ class Broker:
                     conn.write_now()
 
     def has_interest(self, subject: str) -> bool:
-        return self._sublist.has_interest(subject)
+        """Whether a message the server sends to `subject` would reach a subscriber."""
+        if subject not in self._reserved:
+            return self._sublist.has_interest(subject)
+        allowed = self._receivers(subject, None)
+        return any(
+            sub.conn is None or (sub.literal if allowed == _LITERAL else sub.conn.cid == allowed)
+            for sub in self._sublist.match(subject)
+        )
 
     async def wait_interest(self, subjects: list[str]) -> None:
         """Return once every subject has a subscriber."""
-        while not all(self._sublist.has_interest(s) for s in subjects):
+        while not all(self.has_interest(s) for s in subjects):
             await self._sub_added.wait()
 
-    def publish(self, subject: str, payload: bytes, reply: str = "") -> list[Awaitable[None]]:
-        """Route one message; returns the awaitables in-process handlers asked to be awaited."""
+    def publish(self, subject: str, payload: bytes, reply: str = "", *, to: int = 0) -> list[Awaitable[None]]:
+        """Route one message; returns the awaitables in-process handlers asked to be awaited. `to`:
+        only to that connection (an answer to the request it sent)."""
+        if to:
+            conn = self._conns.get(to)
+            for sub in self._sublist.match(subject):
+                if sub.conn is conn and conn is not None and not self.internal(subject):
+                    conn.send(p.encode_msg(subject, sub.sid, reply, payload))
+                    self.out_msgs += 1
+                    self.out_bytes += len(payload)
+                    sub.delivered += 1
+                    if sub.max_msgs is not None and sub.delivered >= sub.max_msgs:
+                        self._remove(conn, sub.sid)
+            return _NO_WAITS
         return self._route(subject, reply, payload, None)
 
     def publish_many(self, subject: str, payloads: list[bytes]) -> None:
@@ -282,8 +377,11 @@ class Broker:
             for payload in payloads:  # the general path keeps handlers and auto-unsubscribe exact
                 self._route(subject, "", payload, None)
             return
+        allowed = self._receivers(subject, None) if receivers else _ANYONE
         for sub in receivers:
             assert sub.conn is not None
+            if allowed and not (sub.conn.cid == allowed or (allowed == _LITERAL and sub.literal)):
+                continue
             sub.conn.send(p.encode_msgs(subject, sub.sid, payloads))
             self.out_msgs += len(payloads)
             self.out_bytes += sum(map(len, payloads))
@@ -291,6 +389,7 @@ class Broker:
 
     def _route(self, subject: str, reply: str, payload: bytes, origin: Connection | None) -> list[Awaitable[None]]:
         waits: list[Awaitable[None]] = _NO_WAITS  # allocated only when a handler returns something
+        allowed: int | None = None  # looked up at the first remote receiver: acks have none
         for sub in self._sublist.match(subject):
             conn = sub.conn
             if conn is None:
@@ -300,6 +399,10 @@ class Broker:
                     if waits is _NO_WAITS:
                         waits = []
                     waits.append(result)
+                continue
+            if allowed is None:
+                allowed = self._receivers(subject, origin)
+            if allowed and not (conn.cid == allowed or (allowed == _LITERAL and sub.literal)):
                 continue
             if conn is origin and not conn.echo:
                 continue
@@ -395,10 +498,15 @@ class Broker:
                 self._sublist.remove(sub)
             conn.subs.clear()
             conn.out.clear()
+            for subject in conn.reserved:  # kept for the owner's return, on another connection
+                self._reserved[subject] = 0
+            conn.reserved.clear()
             with trio.move_on_after(1, shield=True):
                 await trio.aclose_forcefully(stream)
             for hook in self._close_hooks:
                 hook(subjects)
+            for disconnected in self._disconnect_hooks:
+                disconnected(conn.cid)
             release_freed_memory()
 
     def _info(self, conn: Connection) -> dict[str, Any]:
@@ -529,7 +637,11 @@ class Broker:
             return []
         if conn.verbose:
             conn.send(p.OK_BYTES)
-        return self._route(event.subject, event.reply, event.payload, conn)
+        self.sender = conn.cid
+        try:
+            return self._route(event.subject, event.reply, event.payload, conn)
+        finally:
+            self.sender = 0
 
     def _on_control(self, conn: Connection, event: p.Event) -> None:
         if isinstance(event, p.Ping):
@@ -540,6 +652,10 @@ class Broker:
             if not valid_subject(event.subject) or (event.queue and not valid_literal(event.queue)):
                 conn.send(p.encode_err(p.INVALID_SUBJECT))
                 self.protocol_errors["invalid_subject"] += 1
+                return
+            if self.internal(event.subject):
+                conn.send(p.encode_err(f'{p.PERMISSIONS_VIOLATION} for Subscription to "{event.subject}"'))
+                self.protocol_errors["permissions"] += 1
                 return
             if event.sid not in conn.subs:  # a duplicate sid is ignored, as nats-server does
                 sub = conn.subs[event.sid] = _Sub(conn, event.sid, event.subject, event.queue, None)

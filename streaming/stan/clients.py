@@ -5,6 +5,13 @@ A STAN session is not tied to a TCP connection: a client is known by its client 
 is alive while it answers the heartbeats sent to its heartbeat inbox (one task per client, never one
 per message). A client that misses more than `hb_fail_count` is closed; while its heartbeats fail its
 subscriptions get nothing new, and what its queue members hold goes to the other members.
+
+A client is bound to the NATS connection that registered it (`Client.conn`): requests naming its
+client ID are honoured from that connection only, and its inboxes are reserved for it in the broker
+(what the server sends there reaches that connection only; nobody may publish there). When that
+connection goes, the client is unbound until a connection shows it is the client: a request carrying
+its connID (known only to the client and the server), or, for a client without one, its next
+request. See docs/security.md.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ def nuid() -> str:
 @attrs.define
 class Client:
     record: ClientRecord
+    conn: int = 0  # the NATS connection it is bound to (0: none yet, or it went away)
+    subjects: set[str] = attrs.Factory(set)  # its inboxes, reserved for that connection
     failures: int = 0
     checking: bool = False  # a duplicate-ID probe is running
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
@@ -47,7 +56,7 @@ class Clients:
         self._broker = broker
         self._core = core
         self._by_id: dict[str, Client] = {}
-        self.by_conn_id: dict[bytes, str] = {}  # read it, never write it (publishes look here)
+        self.by_conn_id: dict[bytes, Client] = {}  # read it, never write it (publishes look here)
         self._by_hb_inbox: dict[str, Client] = {}
         self._reply_prefix = f"_STAN.srv.{config.cluster_id}.{nuid()}"
         self._replies: dict[str, trio.MemorySendChannel[bytes]] = {}
@@ -60,6 +69,7 @@ class Clients:
             self._add(record)
         self._broker.subscribe(f"{self._reply_prefix}.*", self._on_reply)
         self._broker.add_close_hook(self._on_connection_closed)
+        self._broker.add_disconnect_hook(self._on_disconnect)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for client in self._by_id.values():
@@ -78,15 +88,59 @@ class Clients:
     def __contains__(self, client_id: str) -> bool:
         return client_id in self._by_id
 
-    def _add(self, record: ClientRecord) -> Client:
-        client = self._by_id[record.client_id] = self._by_hb_inbox[record.hb_inbox] = Client(record)
+    def _add(self, record: ClientRecord, conn: int = 0) -> Client:
+        client = self._by_id[record.client_id] = self._by_hb_inbox[record.hb_inbox] = Client(record, conn)
         if record.conn_id:
-            self.by_conn_id[record.conn_id] = record.client_id
+            self.by_conn_id[record.conn_id] = client
+        self.own(client, record.hb_inbox)
         return client
 
-    async def register(self, record: ClientRecord) -> str:
-        """Register a connecting client: "" once it is, else the error for its ConnectResponse. A
-        client ID in use is given up by its holder only when the holder does not answer a heartbeat."""
+    # -- which connection a client is --------------------------------------------------------------
+
+    def own(self, client: Client, subject: str) -> None:
+        """Reserve one of the client's inboxes for its connection."""
+        if subject not in client.subjects:
+            client.subjects.add(subject)
+            self._broker.reserve(subject, client.conn)
+
+    def bind(self, client: Client, conn: int) -> None:
+        """The client is on connection `conn` from now on (it proved it, or it was unbound)."""
+        if client.conn != conn:
+            if client.conn:
+                log.info("client %r moved to connection %d", client.record.client_id, conn)
+            client.conn = conn
+            for subject in client.subjects:
+                self._broker.reserve(subject, conn)
+
+    def acting_for(self, client_id: str, conn: int) -> Client | None:
+        """The client, if connection `conn` may act for it (a client not bound to a connection binds
+        to this one); None for an unknown client or one bound to another connection."""
+        client = self._by_id.get(client_id)
+        if client is None or conn == 0:
+            return client
+        if client.conn and client.conn != conn:
+            log.info("refused a request for client %r from connection %d (it is on %d)", client_id, conn, client.conn)
+            return None
+        if not client.conn:
+            self.bind(client, conn)
+        return client
+
+    def proven(self, conn_id: bytes, conn: int) -> Client | None:
+        """The client whose connID a request carries, bound to the connection that sent it."""
+        client = self.by_conn_id.get(conn_id)
+        if client is not None and conn and client.conn != conn:
+            self.bind(client, conn)
+        return client
+
+    def _on_disconnect(self, conn: int) -> None:
+        for client in self._by_id.values():
+            if client.conn == conn:
+                client.conn = 0  # the broker already keeps its inboxes for its return
+
+    async def register(self, record: ClientRecord, conn: int = 0) -> str:
+        """Register a connecting client, bound to connection `conn`: "" once it is, else the error for
+        its ConnectResponse. A client ID in use is given up by its holder only when the holder does not
+        answer a heartbeat."""
         client_id = record.client_id
         existing = self._by_id.get(client_id)
         if existing is not None:
@@ -103,7 +157,9 @@ class Clients:
             await self.close(existing)
             if client_id in self._by_id:
                 return errors.CLIENT_ALREADY_REGISTERED
-        client = self._add(record)
+        if not self._broker.connected(conn):
+            conn = 0  # its connection closed while the old holder was probed
+        client = self._add(record, conn)
         self._core.pipeline.add_client(client_id)
         # Stored before the answer, unless the store refuses writes (a full disk): the client is
         # served from memory then, and its record is written with the rest of the state once it can.
@@ -120,9 +176,13 @@ class Clients:
         if self._by_id.get(client_id) is not client:
             return
         del self._by_id[client_id]
-        self.by_conn_id.pop(client.record.conn_id, None)
+        if self.by_conn_id.get(client.record.conn_id) is client:
+            del self.by_conn_id[client.record.conn_id]
         if self._by_hb_inbox.get(client.record.hb_inbox) is client:
             del self._by_hb_inbox[client.record.hb_inbox]
+        for subject in client.subjects:
+            self._broker.release(subject)
+        client.subjects.clear()
         client.scope.cancel()
         self._core.pipeline.client_closed(client_id)
         self._core.runtime.queue_updates([DeleteClient(client_id)])
@@ -201,8 +261,7 @@ class Clients:
             ping = pb.Ping.FromString(payload)
         except Exception:
             return errors.CLIENT_REPLACED
-        client_id = self.by_conn_id.get(bytes(ping.connID))
-        client = self._by_id.get(client_id) if client_id is not None else None
+        client = self.proven(bytes(ping.connID), self._broker.sender)
         if client is None:
             return errors.CLIENT_REPLACED
         if client.failures:

@@ -15,6 +15,10 @@ streaming.stan.clients; deliveries and PubAcks leave through its outbound port
 
 Each read of a client connection is one input span of the core (the broker says when one starts and
 ends): its acks' effects are carried out once, and its publishes committed, at its end.
+
+Requests naming a client are honoured from the connection the client is bound to only
+(streaming.stan.clients), answers go to the connection that asked only, and a client's inboxes are
+reserved for its connection (docs/security.md).
 """
 
 from __future__ import annotations
@@ -91,6 +95,11 @@ class StanServer:
             self._nursery = nursery
             await nursery.start(self.clients.run)
             b = self.broker
+            b.protect(f"{self.config.discover_prefix}.")  # internal already when under _STAN.
+            for recovered in self.core.recovered.subscriptions:
+                owner = self.clients.get(recovered.record.client_id)
+                if owner is not None:
+                    self.clients.own(owner, recovered.record.inbox)
             b.subscribe(self.discover_subject, self._on_connect)
             b.subscribe(self.ping_subject, self._on_ping)
             b.subscribe(f"{self.pub_prefix}.>", self._on_publish)
@@ -109,27 +118,28 @@ class StanServer:
             )
             task_status.started()
 
-    def _respond(self, reply: str, message: object) -> None:
+    def _respond(self, reply: str, message: object, to: int) -> None:
+        """Answer a request, to connection `to` only (the one that sent it)."""
         kind = _REFUSAL_KINDS.get(type(message))
         error: str = getattr(message, "error", "")
         if kind is not None and error:
             self.refused[kind] += 1
         if reply:
             assert hasattr(message, "SerializeToString")
-            self.broker.publish(reply, message.SerializeToString())
+            self.broker.publish(reply, message.SerializeToString(), to=to)
 
     # -- connect and close -----------------------------------------------------------------------
 
     def _on_connect(self, subject: str, reply: str, payload: bytes) -> None:
         # Connects run beside the connection's other traffic: a duplicate-ID probe waits up to 0.5 s.
         if self._nursery is not None:
-            self._nursery.start_soon(self._connect, reply, payload)
+            self._nursery.start_soon(self._connect, reply, payload, self.broker.sender)
 
-    async def _connect(self, reply: str, payload: bytes) -> None:
+    async def _connect(self, reply: str, payload: bytes, sender: int) -> None:
         try:
             request = parse_connect(payload)
         except InvalidRequest as exc:
-            self._respond(reply, pb.ConnectResponse(error=str(exc)))
+            self._respond(reply, pb.ConnectResponse(error=str(exc)), sender)
             return
         record = ClientRecord(
             request.clientID,
@@ -139,9 +149,9 @@ class StanServer:
             request.pingInterval,
             request.pingMaxOut,
         )
-        error = await self.clients.register(record)
+        error = await self.clients.register(record, sender)
         if error:
-            self._respond(reply, pb.ConnectResponse(error=error))
+            self._respond(reply, pb.ConnectResponse(error=error), sender)
             return
         response = pb.ConnectResponse(
             pubPrefix=self.pub_prefix,
@@ -156,58 +166,76 @@ class StanServer:
             response.pingInterval = request.pingInterval
             response.pingMaxOut = request.pingMaxOut
         log.debug("client %r connected", request.clientID)
-        self._respond(reply, response)
+        self._respond(reply, response, sender)
 
     def _on_close(self, subject: str, reply: str, payload: bytes) -> Awaitable[None]:
-        return self._close(reply, payload)
+        return self._close(reply, payload, self.broker.sender)
 
-    async def _close(self, reply: str, payload: bytes) -> None:
+    async def _close(self, reply: str, payload: bytes, sender: int) -> None:
         try:
             request = parse_close(payload)
         except InvalidRequest as exc:
-            self._respond(reply, pb.CloseResponse(error=str(exc)))
+            self._respond(reply, pb.CloseResponse(error=str(exc)), sender)
             return
-        client = self.clients.get(request.clientID)
+        client = self.clients.acting_for(request.clientID, sender)
         if client is None:
-            self._respond(reply, pb.CloseResponse(error=errors.UNKNOWN_CLIENT))
+            self._respond(reply, pb.CloseResponse(error=errors.UNKNOWN_CLIENT), sender)
             return
         await self.core.flush_publishes()  # its publishes before the Close are stored first
         await self.clients.close(client)
         log.debug("client %r closed", request.clientID)
-        self._respond(reply, pb.CloseResponse())
+        self._respond(reply, pb.CloseResponse(), sender)
 
     def _on_ping(self, subject: str, reply: str, payload: bytes) -> None:
         if not payload or not reply:
             return
+        sender = self.broker.sender
         error = self.clients.ping(payload)
         if error:
-            self._respond(reply, pb.PingResponse(error=error))
+            self._respond(reply, pb.PingResponse(error=error), sender)
         else:
-            self.broker.publish(reply, b"")
+            self.broker.publish(reply, b"", to=sender)
 
     # -- publish and ack (hot paths: no awaits unless the commit queue is full) -------------------
 
     def _on_publish(self, subject: str, reply: str, payload: bytes) -> Awaitable[None] | None:
+        sender = self.broker.sender
         try:
             message = parse_publish(payload)
         except InvalidRequest as exc:
-            self._respond(reply, pb.PubAck(guid=exc.guid, error=str(exc)))
+            self._respond(reply, pb.PubAck(guid=exc.guid, error=str(exc)), sender)
             return None
         conn_id = message.connID  # each field is read once: a read builds a new object each time
-        if not (conn_id in self.clients.by_conn_id if conn_id else message.clientID in self.clients):
-            self._respond(reply, pb.PubAck(guid=message.guid, error=errors.INVALID_PUBLISH))
+        clients = self.clients
+        if conn_id:  # the connID proves who it is: a client that came back on a new connection moves
+            client = clients.by_conn_id.get(conn_id)
+            if client is not None and client.conn != sender and sender:
+                clients.bind(client, sender)
+        else:  # a client without a connID (protocol 0) is known by its client ID and connection
+            client = clients.acting_for(message.clientID, sender)
+            if client is not None and client.record.conn_id:
+                client = None  # it has a connID: a publish without one is not its own
+        if client is None:
+            self._respond(reply, pb.PubAck(guid=message.guid, error=errors.INVALID_PUBLISH), sender)
             return None
+        if reply and reply not in client.subjects:  # its PubAck inbox: for its connection only
+            clients.own(client, reply)
         channel = message.subject
         if channel in self._pipeline.deleting:
-            self._respond(reply, pb.PubAck(guid=message.guid, error=errors.CHANNEL_BEING_DELETED))
+            self._respond(reply, pb.PubAck(guid=message.guid, error=errors.CHANNEL_BEING_DELETED), sender)
             return None
         return self._publish(Publish(channel, message.data, message.reply, message.guid, reply, self.outbound))
 
     def _on_ack(self, subject: str, reply: str, payload: bytes) -> None:
         pipeline = self._pipeline
-        sub_id = self._engine.sub_for_ack_inbox(subject)
-        if sub_id is None:
+        target = self._engine.ack_target(subject)
+        if target is None:
             return
+        sub_id, client_id = target
+        client = self.clients.get(client_id)
+        sender = self.broker.sender
+        if client is None or (client.conn != sender and self.clients.acting_for(client_id, sender) is None):
+            return  # not its subscription's connection: acks are never taken for another client
         try:
             ack = pb.Ack.FromString(payload)
         except Exception:
@@ -221,34 +249,37 @@ class StanServer:
     # -- subscriptions ---------------------------------------------------------------------------
 
     def _on_subscribe(self, subject: str, reply: str, payload: bytes) -> Awaitable[None]:
-        return self._subscribe(reply, payload)
+        return self._subscribe(reply, payload, self.broker.sender)
 
-    async def _subscribe(self, reply: str, payload: bytes) -> None:
+    async def _subscribe(self, reply: str, payload: bytes, sender: int) -> None:
         core = self.core
         ack_inbox = f"{self.ack_prefix}.{nuid()}"
         try:
             request = parse_subscribe(payload, ack_inbox, ms_mode=self.config.allow_ms_ack_wait)
-            if request.client_id not in self.clients:
+            client = self.clients.acting_for(request.client_id, sender)
+            if client is None:
                 raise RequestError(errors.UNKNOWN_CLIENT)
+            self.clients.own(client, request.inbox)
             await core.ensure_channel(request.channel)
             if core.store_write_error() is not None and core.engine.creates_durable(request):
                 # It could not be made durable: a crash would lose it, and with it its position.
                 raise RequestError(errors.store_error(StoreFullError("new durable subscription")))
 
             def answer(sub_id: int) -> None:  # the response goes out before any of its messages
-                self._respond(reply, pb.SubscriptionResponse(ackInbox=ack_inbox))
+                self._respond(reply, pb.SubscriptionResponse(ackInbox=ack_inbox), sender)
                 log.debug("subscription %d on %r for %r", sub_id, request.channel, request.client_id)
 
             core.pipeline.subscribe(request, answer)
         except (InvalidRequest, RequestError) as exc:
-            self._respond(reply, pb.SubscriptionResponse(error=str(exc)))
+            self._respond(reply, pb.SubscriptionResponse(error=str(exc)), sender)
         except StoreError as exc:
             log.error("subscribe failed: %s", exc)
-            self._respond(reply, pb.SubscriptionResponse(error=errors.store_error(exc)))
+            self._respond(reply, pb.SubscriptionResponse(error=errors.store_error(exc)), sender)
 
     def _on_unsubscribe(self, subject: str, reply: str, payload: bytes, *, close: bool) -> None:
         # Synchronous, so acks that arrived before it on this connection were applied first.
         engine = self.core.engine
+        sender = self.broker.sender
         try:
             request = parse_unsubscribe(payload)
             try:
@@ -263,13 +294,13 @@ class StanServer:
             record = engine.subscription(sub_id) if sub_id is not None else None
             if sub_id is None or record is None or record.channel != request.subject:
                 raise RequestError(errors.INVALID_SUBSCRIPTION)
-            if record.client_id != request.clientID or request.clientID not in self.clients:
+            if record.client_id != request.clientID or self.clients.acting_for(request.clientID, sender) is None:
                 raise RequestError(errors.UNKNOWN_CLIENT)
         except (InvalidRequest, RequestError) as exc:
-            self._respond(reply, pb.SubscriptionResponse(error=str(exc)))
+            self._respond(reply, pb.SubscriptionResponse(error=str(exc)), sender)
             return
         self.core.pipeline.unsubscribe(sub_id, close=close)
-        self._respond(reply, pb.SubscriptionResponse())
+        self._respond(reply, pb.SubscriptionResponse(), sender)
 
     def _by_delivery_inbox(self, client_id: str, channel: str, inbox: str) -> int | None:
         # After a subscribe timeout stan.go closes by delivery inbox; rare, so a scan is fine.

@@ -160,8 +160,9 @@ async def test_invalid_start_position_is_refused() -> None:
 
 
 async def test_unsubscribe_errors_and_close_by_delivery_inbox() -> None:
-    async with running(config()) as server, connect(CID, "me", port=server.port) as sc, nats(server) as conn:
+    async with running(config()) as server, connect(CID, "me", port=server.port) as sc:
         sub = await sc.open_subscription("foo")
+        conn = sc.nats  # requests naming a client are honoured on its own connection only
 
         async def unsub(nats_subject: str, **fields: str) -> str:
             base = dict(clientID="me", subject="foo", inbox=sub.ack_inbox)
@@ -188,7 +189,8 @@ async def test_publish_from_unknown_client_and_bad_channels() -> None:
             raw = pb.PubMsg(**base).SerializeToString()  # type: ignore[arg-type]
             return pb.PubAck.FromString(await request(conn, f"_STAN.pub.{CID}.foo", raw)).error
 
-        assert await pub_error() == ""
+        # It registered a connID: a publish under its client ID without it is not its own.
+        assert await pub_error() == "stan: invalid publish request"
         assert await pub_error(connID=b"known") == ""
         assert await pub_error(clientID="stranger") == "stan: invalid publish request"
         assert await pub_error(connID=b"unknown-conn") == "stan: invalid publish request"

@@ -154,6 +154,13 @@ class Engine:
     def sub_for_ack_inbox(self, ack_inbox: str) -> int | None:
         return self._by_ack_inbox.get(ack_inbox)
 
+    def ack_target(self, ack_inbox: str) -> tuple[int, str] | None:
+        """(subscription, its client ID) that acks sent to `ack_inbox` are for (None: no such)."""
+        sub_id = self._by_ack_inbox.get(ack_inbox)
+        if sub_id is None:
+            return None
+        return sub_id, self._subs[sub_id].record.client_id
+
     def has_subscription(self, sub_id: int) -> bool:
         return sub_id in self._subs
 
