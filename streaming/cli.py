@@ -44,6 +44,10 @@ def _server_parser() -> argparse.ArgumentParser:
     net("--max_pending", type=size, help="bytes queued for a client before it is cut off as slow (default 64MB)")
     net("--write_deadline", type=dur, help="a client must take a write within this (default 10s)")
     net("--connect_timeout", type=dur, help="a connection must send CONNECT within this (default 2s)")
+    auth = parser.add_argument_group("authentication (as nats-server's)").add_argument
+    auth("--auth", dest="auth_token", metavar="TOKEN", help="clients must give this token (CONNECT auth_token)")
+    auth("--user", help="clients must give this user and --pass (more users: [[users]] in the config file)")
+    auth("--pass", dest="password", metavar="PASSWORD", help="the password of --user, or its bcrypt hash")
     net("--ping_interval", type=dur, help="interval between NATS pings to clients (default 2m)")
 
     store = parser.add_argument_group("store").add_argument

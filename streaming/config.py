@@ -18,6 +18,7 @@ from cattrs.gen import make_dict_structure_fn
 from cattrs.v import format_exception
 
 from storage import VERIFY_MODES, ChannelLimits, StoreLimits
+from streaming.stan.auth import Authenticator, User
 
 Duration = NewType("Duration", float)
 Size = NewType("Size", int)
@@ -104,6 +105,14 @@ class LimitsConfig:
 
 
 @attrs.frozen
+class UserConfig:
+    """One user of the NATS port: `password` is the password or its bcrypt hash ($2a$/$2b$/$2y$)."""
+
+    user: str
+    password: str
+
+
+@attrs.frozen
 class ChannelConfig:
     max_msgs: int = 0
     max_bytes: Size = Size(0)
@@ -152,6 +161,12 @@ class ServerConfig:
     ping_interval: Duration = Duration(120.0)
     max_pings_out: int = 2
     connect_timeout: Duration = Duration(2.0)  # a connection must send CONNECT this soon (0: no limit)
+    # Authentication on the NATS port, as nats-server's: a token, or users (one from the flags, any
+    # number in [[users]]); none of them: anyone may connect.
+    auth_token: str = ""
+    user: str = ""
+    password: str = ""
+    users: list[UserConfig] = attrs.Factory(list)
     allow_ms_ack_wait: bool = False  # test-only: a negative ackWaitInSecs means milliseconds
     log_level: str = "info"
     event_log: str = ""  # directory for the delivery event log (JSON Lines); empty = off
@@ -193,11 +208,24 @@ class ServerConfig:
         for name in _POSITIVE_DURATIONS:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if bool(self.user) != bool(self.password):
+            raise ConfigError("user and password go together")
+        try:
+            self.authenticator()
+        except ValueError as exc:
+            raise ConfigError(f"authentication: {exc}") from None
         if self.connect_timeout < 0:
             raise ConfigError(f"connect_timeout must be >= 0 (0: no limit), got {self.connect_timeout}")
         if self.hb_fail_count < 0 or self.max_payload <= 0 or self.max_pending <= 0:
             raise ConfigError("hb_fail_count must be >= 0; max_payload and max_pending must be positive")
         self.store_limits()
+
+    def authenticator(self) -> Authenticator:
+        """Who may connect to the NATS port (raises ValueError for a configuration it refuses)."""
+        users = [User(u.user, u.password) for u in self.users]
+        if self.user:
+            users.append(User(self.user, self.password))
+        return Authenticator(self.auth_token, users)
 
     def store_limits(self) -> StoreLimits:
         """The store's limits (raises ConfigError for values it refuses)."""
@@ -221,7 +249,7 @@ def _converter() -> cattrs.Converter:
     converter.register_structure_hook(Duration, lambda v, _: Duration(parse_duration(v)))
     converter.register_structure_hook(Size, lambda v, _: Size(parse_size(v)))
     converter.register_structure_hook(bool, lambda v, _: parse_bool(v))  # not bool("false"), which is True
-    for cls in (LimitsConfig, ChannelConfig, ServerConfig):
+    for cls in (LimitsConfig, ChannelConfig, UserConfig, ServerConfig):
         converter.register_structure_hook(cls, make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=True))
     return converter
 

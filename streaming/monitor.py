@@ -69,9 +69,21 @@ def _flag(request: Request, name: str) -> bool:
     return request.query_params.get(name, "0") not in ("0", "", "false")
 
 
-def subz(view: SubscriptionView) -> dict[str, Any]:
+_INBOXES = ("inbox", "ack_inbox", "hb_inbox")
+
+
+def _private(out: dict[str, Any], hide: bool) -> dict[str, Any]:
+    """Without the inboxes when the NATS port asks for credentials: the page is not authenticated,
+    and an inbox is what a connection would need to try to act for a client (docs/security.md)."""
+    if hide:
+        for key in _INBOXES:
+            out.pop(key, None)
+    return out
+
+
+def subz(view: SubscriptionView, hide_inboxes: bool = False) -> dict[str, Any]:
     r = view.record
-    return {
+    out = {
         "client_id": r.client_id,
         "inbox": r.inbox,
         "ack_inbox": r.ack_inbox,
@@ -85,6 +97,7 @@ def subz(view: SubscriptionView) -> dict[str, Any]:
         "pending_count": view.pending_count,
         "is_stalled": view.stalled and view.online,
     }
+    return _private(out, hide_inboxes)
 
 
 class Monitor:
@@ -198,14 +211,15 @@ class Monitor:
         subs = _flag(request, "subs")
         views = self._views() if subs else []
         clients = sorted(self.running.stan.clients.records(), key=lambda c: c.client_id)
+        hide = self.running.broker.auth.required
 
         def client_json(client_id: str, hb_inbox: str) -> dict[str, Any]:
-            out: dict[str, Any] = {"id": client_id, "hb_inbox": hb_inbox}
+            out: dict[str, Any] = _private({"id": client_id, "hb_inbox": hb_inbox}, hide)
             if subs:
                 by_channel: dict[str, list[dict[str, Any]]] = {}
                 for v in views:
                     if v.record.client_id == client_id and v.online:
-                        by_channel.setdefault(v.record.channel, []).append(subz(v))
+                        by_channel.setdefault(v.record.channel, []).append(subz(v, hide))
                 out["subscriptions"] = by_channel
             return out
 
@@ -243,7 +257,8 @@ class Monitor:
                 "last_seq": info.last_seq,
             }
             if subs:
-                out["subscriptions"] = [subz(v) for v in views if v.record.channel == info.name]
+                hide = self.running.broker.auth.required
+                out["subscriptions"] = [subz(v, hide) for v in views if v.record.channel == info.name]
             return out
 
         wanted = request.query_params.get("channel")

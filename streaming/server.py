@@ -97,7 +97,7 @@ async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] =
         )
     )
     try:
-        broker = Broker(broker_config(config))
+        broker = Broker(broker_config(config), config.authenticator())
         metrics = Metrics() if config.http_port else None
         event_log = EventLog(Path(config.event_log), rotate_bytes=config.event_log_rotate) if config.event_log else None
         observers: list[Metrics | EventLog] = [o for o in (metrics, event_log) if o is not None]

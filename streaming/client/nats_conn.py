@@ -65,8 +65,13 @@ class NatsConnection:
         ping_interval_s: float = 30.0,
         on_reconnect: Callable[[], None] | None = None,
         on_disconnect: Callable[[], None] | None = None,
+        user: str = "",
+        password: str = "",
+        token: str = "",
     ) -> None:
         self.host, self.port, self.name = host, port, name
+        # Sent in CONNECT when given, as nats-server reads them (`user`/`pass`, `auth_token`).
+        self._credentials = {k: v for k, v in (("user", user), ("pass", password), ("auth_token", token)) if v}
         self.reconnect_wait_s = reconnect_wait_s
         self.max_reconnect_attempts = max_reconnect_attempts
         self.connect_timeout_s = connect_timeout_s
@@ -244,6 +249,7 @@ class NatsConnection:
                     "echo": True,
                     "name": self.name,
                     "headers": False,
+                    **self._credentials,
                 }
                 await stream.send_all(p.encode_connect(options) + p.PING_BYTES)
                 while True:

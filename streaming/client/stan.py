@@ -31,7 +31,7 @@ from google.protobuf.message import Message as ProtoMessage
 
 from storage.records import StartPosition  # one definition of the wire's start positions
 from streaming.client.dedup import AckFloor, RecentAcks
-from streaming.client.nats_conn import ConnectionClosedError, NatsConnection, NatsMsg, new_inbox
+from streaming.client.nats_conn import ConnectionClosedError, NatsConnection, NatsError, NatsMsg, new_inbox
 from streaming.wire.stan_pb import protocol_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -562,16 +562,28 @@ async def connect(
     ping_max_out: int = 88,
     reconnect_wait_s: float = 0.5,
     max_reconnect_attempts: int = -1,
+    user: str = "",
+    password: str = "",
+    token: str = "",
 ) -> AsyncIterator[StanClient]:
-    """Open a STAN session; it is closed (STAN Close, then TCP) when the block ends.
+    """Open a STAN session; it is closed (STAN Close, then TCP) when the block ends. `user` and
+    `password`, or `token`: the credentials of a server that asks for them.
 
-    Connecting fails with OSError (nothing listening) or StanError (refused, or no STAN server with
-    that cluster ID answered), raised as such rather than inside an exception group.
+    Connecting fails with OSError (nothing listening), NatsError (the server refused the connection:
+    `Authorization Violation` for bad credentials) or StanError (refused, or no STAN server with that
+    cluster ID answered), raised as such rather than inside an exception group.
     """
     failure: BaseException | None = None
     async with trio.open_nursery() as nursery:
         nats = NatsConnection(
-            host, port, name=client_id, reconnect_wait_s=reconnect_wait_s, max_reconnect_attempts=max_reconnect_attempts
+            host,
+            port,
+            name=client_id,
+            reconnect_wait_s=reconnect_wait_s,
+            max_reconnect_attempts=max_reconnect_attempts,
+            user=user,
+            password=password,
+            token=token,
         )
         client = StanClient(
             nats,
@@ -586,7 +598,7 @@ async def connect(
         try:
             await nursery.start(nats.run)
             await client._start()
-        except (OSError, StanError, trio.TooSlowError) as exc:
+        except (OSError, StanError, NatsError, trio.TooSlowError) as exc:
             failure = exc
             client.closed = True
             nursery.cancel_scope.cancel()

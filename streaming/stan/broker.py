@@ -44,6 +44,7 @@ import attrs
 import trio
 
 from streaming.memory import release_freed_memory
+from streaming.stan.auth import Authenticator
 from streaming.wire import nats as p
 from streaming.wire.sockets import write_now
 from streaming.wire.subjects import Sublist, valid_literal, valid_subject
@@ -100,7 +101,8 @@ _ERROR_KINDS: dict[str, str] = {
     p.INVALID_SUBJECT: "invalid_subject",
     p.INVALID_PUBLISH_SUBJECT: "invalid_publish_subject",
 }
-PROTOCOL_ERROR_KINDS = (*_ERROR_KINDS.values(), "permissions", "other")  # every key of Broker.protocol_errors
+# Every key of Broker.protocol_errors.
+PROTOCOL_ERROR_KINDS = (*_ERROR_KINDS.values(), "permissions", "authorization", "other")
 
 
 class _Sub:
@@ -136,7 +138,9 @@ class Connection:
         self.held = False  # queued bytes wait for the end of the broker's `holding_writes` block
         self.closing = False
         self.abort = False  # close at once, without waiting for queued bytes to go out (a slow consumer)
-        self.connected = trio.Event()  # CONNECT received
+        self.connected = trio.Event()  # CONNECT received (and its credentials, when asked for, right)
+        self.authorized = not broker.auth.required  # nothing but CONNECT is taken until it is
+        self.user = ""  # who its CONNECT proved to be
         self.verbose = False
         self.pedantic = False
         self.echo = True
@@ -224,8 +228,9 @@ class SpanListener(Protocol):
 
 
 class Broker:
-    def __init__(self, config: BrokerConfig | None = None) -> None:
+    def __init__(self, config: BrokerConfig | None = None, auth: Authenticator | None = None) -> None:
         self.config = config or BrokerConfig()
+        self.auth = auth or Authenticator()
         self.server_id = secrets.token_hex(11).upper()
         self._sublist: Sublist[_Sub] = Sublist()
         self._sub_added = trio.Event()
@@ -520,6 +525,7 @@ class Broker:
             "headers": False,
             "max_payload": self.config.max_payload,
             "client_id": conn.cid,
+            **({"auth_required": True} if self.auth.required else {}),
         }
 
     async def _writer(self, conn: Connection) -> None:
@@ -615,6 +621,8 @@ class Broker:
     def _handle_span(self, conn: Connection, parser: p.ServerConnection) -> tuple[list[Awaitable[None]], bool]:
         """Handle events until the data runs out (returns `more` False), a handler asks to be awaited,
         or `_EVENTS_PER_STEP` were handled."""
+        if not conn.authorized:
+            return self._handle_unauthorized(conn, parser)
         for _ in range(_EVENTS_PER_STEP):
             event = parser.next_event()
             if event is p.NEED_DATA:
@@ -627,6 +635,38 @@ class Broker:
                 assert isinstance(event, p.Event)
                 self._on_control(conn, event)
         return _NO_WAITS, True
+
+    def _handle_unauthorized(self, conn: Connection, parser: p.ServerConnection) -> tuple[list[Awaitable[None]], bool]:
+        """Before an authenticated CONNECT: the CONNECT is checked (in a worker thread when it needs a
+        bcrypt check); anything else is an authorization violation, as nats-server answers it."""
+        if conn.closing:  # refused while its CONNECT was checked: the rest of its input is not read
+            return _NO_WAITS, False
+        event = parser.next_event()
+        if event is p.NEED_DATA:
+            return _NO_WAITS, False
+        if type(event) is not p.Connect:
+            self._refuse(conn, "sent no CONNECT first")
+            return _NO_WAITS, False
+        if self.auth.needs_thread(event.options):
+            return [self._admit_checked(conn, event)], True
+        self._admit(conn, event, self.auth.check(event.options))
+        return _NO_WAITS, not conn.closing
+
+    async def _admit_checked(self, conn: Connection, event: p.Connect) -> None:
+        self._admit(conn, event, await trio.to_thread.run_sync(self.auth.check, event.options))
+
+    def _admit(self, conn: Connection, event: p.Connect, user: str | None) -> None:
+        if user is None:
+            self._refuse(conn, f"bad credentials (user {str(event.options.get('user', ''))[:64]!r})")
+            return
+        conn.authorized = True
+        conn.user = user
+        self._on_control(conn, event)
+
+    def _refuse(self, conn: Connection, why: str) -> None:
+        log.info("connection %d (%s): authorization violation: %s", conn.cid, conn.remote, why)
+        self.protocol_errors["authorization"] += 1
+        conn.fail(p.AUTHORIZATION_VIOLATION)
 
     def _on_pub(self, conn: Connection, event: p.Pub) -> list[Awaitable[None]]:
         self.in_msgs += 1

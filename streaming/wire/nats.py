@@ -52,6 +52,7 @@ INVALID_PUBLISH_SUBJECT: Final = "Invalid Publish Subject"
 SLOW_CONSUMER: Final = "Slow Consumer"
 STALE_CONNECTION: Final = "Stale Connection"
 AUTHENTICATION_TIMEOUT: Final = "Authentication Timeout"  # no CONNECT in time (nats-server's words)
+AUTHORIZATION_VIOLATION: Final = "Authorization Violation"  # bad or missing credentials
 PERMISSIONS_VIOLATION: Final = "Permissions Violation"  # + ' for Subscription to "subj"' (nats-server's words)
 
 

@@ -11,7 +11,11 @@ setTimeout(() => fail(`scenario ${scenario} timed out`), 20000);
 
 function connect(clientID) {
   return new Promise((resolve, reject) => {
-    const sc = stan.connect('test-cluster', clientID, { url, connectTimeout: 5000 });
+    // Credentials, when the test gives them, as a user of a secured server passes them.
+    const auth = {};
+    if (process.env.NATS_USER) Object.assign(auth, { user: process.env.NATS_USER, pass: process.env.NATS_PASS });
+    if (process.env.NATS_TOKEN) auth.token = process.env.NATS_TOKEN;
+    const sc = stan.connect('test-cluster', clientID, Object.assign({ url, connectTimeout: 5000 }, auth));
     sc.on('connect', () => resolve(sc));
     sc.on('error', reject);
   });

@@ -131,9 +131,7 @@ async def test_requests_for_another_client_are_refused(server: Running) -> None:
         )
         assert answer.error == "stan: unknown clientID"
         publish = pb.PubMsg(clientID="victim", guid="g1", subject="orders", data=b"as the victim")
-        ack = pb.PubAck.FromString(
-            await request(attacker, f"_STAN.pub.{CLUSTER}.orders", publish.SerializeToString())
-        )
+        ack = pb.PubAck.FromString(await request(attacker, f"_STAN.pub.{CLUSTER}.orders", publish.SerializeToString()))
         assert ack.error == "stan: invalid publish request"
         info = server.store.channel_info("orders")
         assert info is not None and info.msgs == 0, "a publish under the victim's client ID was stored"
