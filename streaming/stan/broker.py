@@ -364,12 +364,7 @@ class Broker:
             conn = self._conns.get(to)
             for sub in self._sublist.match(subject):
                 if sub.conn is conn and conn is not None and not self.internal(subject):
-                    conn.send(p.encode_msg(subject, sub.sid, reply, payload))
-                    self.out_msgs += 1
-                    self.out_bytes += len(payload)
-                    sub.delivered += 1
-                    if sub.max_msgs is not None and sub.delivered >= sub.max_msgs:
-                        self._remove(conn, sub.sid)
+                    self._send(sub, conn, subject, reply, payload)
             return _NO_WAITS
         return self._route(subject, reply, payload, None)
 
@@ -411,13 +406,17 @@ class Broker:
                 continue
             if conn is origin and not conn.echo:
                 continue
-            conn.send(p.encode_msg(subject, sub.sid, reply, payload))
-            self.out_msgs += 1
-            self.out_bytes += len(payload)
-            sub.delivered += 1
-            if sub.max_msgs is not None and sub.delivered >= sub.max_msgs:
-                self._remove(conn, sub.sid)
+            self._send(sub, conn, subject, reply, payload)
         return waits
+
+    def _send(self, sub: _Sub, conn: Connection, subject: str, reply: str, payload: bytes) -> None:
+        """One message to one remote subscription (which it may end, at its UNSUB maximum)."""
+        conn.send(p.encode_msg(subject, sub.sid, reply, payload))
+        self.out_msgs += 1
+        self.out_bytes += len(payload)
+        sub.delivered += 1
+        if sub.max_msgs is not None and sub.delivered >= sub.max_msgs:
+            self._remove(conn, sub.sid)
 
     def statistics(self) -> BrokerStatistics:
         return BrokerStatistics(
