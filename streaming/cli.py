@@ -90,6 +90,7 @@ def _server_parser() -> argparse.ArgumentParser:
         type=int,
         help="HTTP monitoring port: /metrics and /streaming/*z (default 0 = off, -1 = any free port)",
     )
+    mon("--http_host", help="interface for the monitoring port, e.g. 127.0.0.1 (default: the NATS port's)")
     mon("--event_log", help="write the delivery event log (JSON Lines) into this directory (default off)")
     mon("--event_log_rotate", type=size, help="start a new event log file past this size (default 64MB)")
 

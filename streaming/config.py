@@ -136,6 +136,7 @@ class ServerConfig:
     host: str = "0.0.0.0"
     port: int = 4222
     http_port: int = 0  # monitoring: 0 = off, -1 = any free port (tests), as nats-server's RANDOM_PORT
+    http_host: str = ""  # the monitoring port's interface; empty: the same as `host`
     store: str = "lmdb"
     dir: str = "streaming-data"
     # As nats-streaming-server's flag: false = no fsync per commit, a flush every sync_interval instead

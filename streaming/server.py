@@ -128,7 +128,8 @@ async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] =
                 metrics.attach(running)
                 monitor = Monitor(running, metrics, config.store)
                 http_port = max(config.http_port, 0)  # -1: any free port
-                running.http_port = await nursery.start(serve_monitor, monitor, config.host, http_port)
+                host = config.http_host or config.host
+                running.http_port = await nursery.start(serve_monitor, monitor, host, http_port)
             task_status.started(running)
     finally:
         with trio.move_on_after(10, shield=True):

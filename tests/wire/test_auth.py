@@ -11,6 +11,7 @@ from pathlib import Path
 import bcrypt
 import httpx
 import nats
+import psutil
 import pytest
 import trio
 
@@ -145,3 +146,18 @@ async def test_the_monitoring_page_shows_no_inboxes_when_credentials_are_asked_f
             assert "watched" in text or "orders" in text
             for field in ("inbox", "ack_inbox", "hb_inbox"):
                 assert f'"{field}"' not in text, (page, field)
+
+
+def listening_on(port: int) -> set[str]:
+    """The addresses a TCP socket listens on at `port`."""
+    return {
+        c.laddr.ip
+        for c in psutil.net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+    }
+
+
+async def test_the_monitoring_port_can_listen_on_loopback_only() -> None:
+    async with running(config(host="0.0.0.0", http_port=-1, http_host="127.0.0.1")) as server:
+        assert listening_on(server.http_port) == {"127.0.0.1"}
+        assert listening_on(server.port) and listening_on(server.port) <= {"0.0.0.0", "::"}
