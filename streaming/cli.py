@@ -20,6 +20,7 @@ import trio
 
 from storage import DamagedStoreError, StoreError
 from streaming.config import ConfigError, ServerConfig, load, merged, parse_bool, parse_duration, parse_size
+from streaming.tls import TlsError, server_context
 
 log = logging.getLogger("streaming")
 T = TypeVar("T")
@@ -48,6 +49,18 @@ def _server_parser() -> argparse.ArgumentParser:
     auth("--auth", dest="auth_token", metavar="TOKEN", help="clients must give this token (CONNECT auth_token)")
     auth("--user", help="clients must give this user and --pass (more users: [[users]] in the config file)")
     auth("--pass", dest="password", metavar="PASSWORD", help="the password of --user, or its bcrypt hash")
+    tls = parser.add_argument_group("TLS (as nats-server's)").add_argument
+    tls("--tls", action="store_const", const=True, help="TLS on the NATS port and the HTTP listeners")
+    tls("--tlscert", dest="tls_cert", metavar="FILE", help="the server's certificate chain (PEM)")
+    tls("--tlskey", dest="tls_key", metavar="FILE", help="its private key (PEM)")
+    tls("--tlscacert", dest="tls_ca_cert", metavar="FILE", help="CA certificates for client certificates")
+    tls(
+        "--tlsverify",
+        dest="tls_verify",
+        action="store_const",
+        const=True,
+        help="require client certificates (implies --tls)",
+    )
     net("--ping_interval", type=dur, help="interval between NATS pings to clients (default 2m)")
 
     store = parser.add_argument_group("store").add_argument
@@ -154,7 +167,10 @@ def server_main(argv: list[str] | None = None) -> int:
     try:
         config = load(args.config, overrides) if args.config else merged({}, overrides)
         config.store_limits()
-    except ConfigError as exc:
+        tls_files = config.tls_files()
+        if tls_files is not None:
+            server_context(tls_files)  # the files are read now, so that a bad one stops the start here
+    except (ConfigError, TlsError) as exc:
         print(f"streaming-server: configuration error: {exc}", file=sys.stderr)
         return 2
     level = logging.DEBUG if args.debug or args.trace else getattr(logging, config.log_level.upper(), logging.INFO)

@@ -18,7 +18,9 @@ from cattrs.gen import make_dict_structure_fn
 from cattrs.v import format_exception
 
 from storage import VERIFY_MODES, ChannelLimits, StoreLimits
-from streaming.stan.auth import Authenticator, User
+from streaming.auth import Authenticator, User
+from streaming.permissions import Permissions, Rule
+from streaming.tls import TlsFiles
 
 Duration = NewType("Duration", float)
 Size = NewType("Size", int)
@@ -105,11 +107,22 @@ class LimitsConfig:
 
 
 @attrs.frozen
+class PermissionsConfig:
+    """What a user may publish and subscribe to: each a list of allowed subjects, or a table with
+    `allow` and `deny` lists (nats-server's shape). STAN publishes and subscriptions are checked
+    against their channel."""
+
+    publish: Rule = attrs.Factory(Rule)
+    subscribe: Rule = attrs.Factory(Rule)
+
+
+@attrs.frozen
 class UserConfig:
     """One user of the NATS port: `password` is the password or its bcrypt hash ($2a$/$2b$/$2y$)."""
 
     user: str
     password: str
+    permissions: PermissionsConfig | None = None
 
 
 @attrs.frozen
@@ -168,6 +181,13 @@ class ServerConfig:
     user: str = ""
     password: str = ""
     users: list[UserConfig] = attrs.Factory(list)
+    # TLS on the NATS port and the HTTP listeners, as nats-server's flags: `tls_verify` also requires
+    # client certificates signed by `tls_ca_cert`.
+    tls: bool = False
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca_cert: str = ""
+    tls_verify: bool = False
     allow_ms_ack_wait: bool = False  # test-only: a negative ackWaitInSecs means milliseconds
     log_level: str = "info"
     event_log: str = ""  # directory for the delivery event log (JSON Lines); empty = off
@@ -209,6 +229,10 @@ class ServerConfig:
         for name in _POSITIVE_DURATIONS:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if (self.tls or self.tls_verify) and not (self.tls_cert and self.tls_key):
+            raise ConfigError("TLS needs tls_cert and tls_key")
+        if self.tls_verify and not self.tls_ca_cert:
+            raise ConfigError("tls_verify needs tls_ca_cert, the CA that signs client certificates")
         if bool(self.user) != bool(self.password):
             raise ConfigError("user and password go together")
         try:
@@ -223,10 +247,23 @@ class ServerConfig:
 
     def authenticator(self) -> Authenticator:
         """Who may connect to the NATS port (raises ValueError for a configuration it refuses)."""
-        users = [User(u.user, u.password) for u in self.users]
+        users = [
+            User(
+                u.user,
+                u.password,
+                None if u.permissions is None else Permissions(**attrs.asdict(u.permissions, recurse=False)),
+            )
+            for u in self.users
+        ]
         if self.user:
             users.append(User(self.user, self.password))
         return Authenticator(self.auth_token, users)
+
+    def tls_files(self) -> TlsFiles | None:
+        """The certificate files of the listeners, or None: no TLS."""
+        if not (self.tls or self.tls_verify):
+            return None
+        return TlsFiles(self.tls_cert, self.tls_key, self.tls_ca_cert, self.tls_verify)
 
     def store_limits(self) -> StoreLimits:
         """The store's limits (raises ConfigError for values it refuses)."""
@@ -250,9 +287,22 @@ def _converter() -> cattrs.Converter:
     converter.register_structure_hook(Duration, lambda v, _: Duration(parse_duration(v)))
     converter.register_structure_hook(Size, lambda v, _: Size(parse_size(v)))
     converter.register_structure_hook(bool, lambda v, _: parse_bool(v))  # not bool("false"), which is True
-    for cls in (LimitsConfig, ChannelConfig, UserConfig, ServerConfig):
+    converter.register_structure_hook(Rule, _rule)
+    for cls in (LimitsConfig, ChannelConfig, PermissionsConfig, UserConfig, ServerConfig):
         converter.register_structure_hook(cls, make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=True))
     return converter
+
+
+def _rule(value: Any, _: type) -> Rule:
+    """A permission rule: a list of allowed subjects, or a table with `allow` and `deny` lists."""
+    if isinstance(value, list):
+        value = {"allow": value}
+    if not isinstance(value, dict) or set(value) - {"allow", "deny"}:
+        raise ConfigError(f"permissions: expected a list of subjects or a table of allow and deny, got {value!r}")
+    try:
+        return Rule(tuple(map(str, value.get("allow", ()))), tuple(map(str, value.get("deny", ()))))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 _CONVERTER = _converter()

@@ -4,11 +4,14 @@ worker. The monitoring port and the client-facing HTTP port are both one of thes
 from __future__ import annotations
 
 import logging
+import ssl
 
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 from starlette.applications import Starlette
+
+from streaming.tls import TlsFiles
 
 
 async def serve_asgi(
@@ -18,10 +21,12 @@ async def serve_asgi(
     *,
     log_name: str,
     keep_alive_s: float = 5.0,
+    tls: TlsFiles | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `app` until cancelled; `task_status` gets the bound port (useful with port 0). hypercorn's
-    own messages go to the `log_name` logger, warnings and worse only (not its "Running on" line)."""
+    own messages go to the `log_name` logger, warnings and worse only (not its "Running on" line).
+    With `tls`, it serves HTTPS only (hypercorn's TLS), with client certificates when they verify."""
     config = HypercornConfig()
     config.bind = [f"{host}:{port}"]
     config.accesslog = None
@@ -29,6 +34,12 @@ async def serve_asgi(
     http_log.setLevel(max(http_log.getEffectiveLevel(), logging.WARNING))
     config.graceful_timeout = 1.0
     config.keep_alive_timeout = keep_alive_s
+    if tls is not None:
+        config.certfile, config.keyfile = tls.cert, tls.key
+        if tls.ca:
+            config.ca_certs = tls.ca
+        if tls.verify:
+            config.verify_mode = ssl.CERT_REQUIRED
 
     async def started(*, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
         # Starlette is an ASGI app; hypercorn's annotation spells the ASGI callable out more narrowly.

@@ -29,6 +29,7 @@ from streaming.core.engine import SubscriptionView
 from streaming.http_listener import serve_asgi
 from streaming.metrics import Metrics, version
 from streaming.running import Running
+from streaming.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 DEFAULT_LIMIT = 1024
@@ -285,12 +286,17 @@ class Monitor:
 
 
 async def serve_monitor(
-    monitor: Monitor, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+    monitor: Monitor,
+    host: str,
+    port: int,
+    tls: TlsFiles | None = None,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until cancelled; `task_status` gets the bound port (useful with port 0)."""
+    """Serve until cancelled (HTTPS with `tls`); `task_status` gets the bound port (useful with port 0)."""
     async with trio.open_nursery() as nursery:
         bound: int = await nursery.start(
-            partial(serve_asgi, monitor.app, host, port, log_name="streaming.monitor.http")
+            partial(serve_asgi, monitor.app, host, port, log_name="streaming.monitor.http", tls=tls)
         )
         log.info("Listening for HTTP monitoring on %s:%d", host, bound)
         task_status.started(bound)

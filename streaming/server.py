@@ -15,6 +15,7 @@ import trio
 from starlette.applications import Starlette
 
 from storage import Store, StoreError, open_store
+from streaming import http_auth
 from streaming.bayeux.door import BayeuxDoor
 from streaming.bayeux.http import BayeuxApp
 from streaming.bayeux.protocol import BayeuxSettings
@@ -33,6 +34,7 @@ from streaming.running import Running
 from streaming.stan.broker import Broker, BrokerConfig
 from streaming.stan.config import StanConfig
 from streaming.stan.server import StanServer
+from streaming.tls import server_context
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +99,9 @@ async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] =
         )
     )
     try:
-        broker = Broker(broker_config(config), config.authenticator())
+        tls_files = config.tls_files()
+        tls = server_context(tls_files) if tls_files is not None else None
+        broker = Broker(broker_config(config), config.authenticator(), tls, tls_files is not None and tls_files.verify)
         metrics = Metrics() if config.http_port else None
         event_log = EventLog(Path(config.event_log), rotate_bytes=config.event_log_rotate) if config.event_log else None
         observers: list[Metrics | EventLog] = [o for o in (metrics, event_log) if o is not None]
@@ -129,7 +133,7 @@ async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] =
                 monitor = Monitor(running, metrics, config.store)
                 http_port = max(config.http_port, 0)  # -1: any free port
                 host = config.http_host or config.host
-                running.http_port = await nursery.start(serve_monitor, monitor, host, http_port)
+                running.http_port = await nursery.start(serve_monitor, monitor, host, http_port, tls_files)
             task_status.started(running)
     finally:
         with trio.move_on_after(10, shield=True):
@@ -145,11 +149,17 @@ async def serve_http_api(
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The client-facing HTTP listener: the Bayeux endpoint and the pull API in one Starlette app."""
-    bayeux_app = BayeuxApp(bayeux, path=config.bayeux_path, max_body_bytes=config.http_api_max_body)
-    app = Starlette(routes=[*bayeux_app.routes, *PullApp(pull, max_payload=config.max_payload).routes])
+    auth = config.authenticator()  # the NATS port's users and permissions, when it has any
+    bayeux_app = BayeuxApp(bayeux, path=config.bayeux_path, max_body_bytes=config.http_api_max_body, auth=auth)
+    app = Starlette(
+        routes=[*bayeux_app.routes, *PullApp(pull, max_payload=config.max_payload, auth=auth).routes],
+        middleware=http_auth.middleware(auth),
+    )
     host, port = config.http_api_host or config.host, max(config.http_api_port, 0)
     # Connections stay open longer than a held connect or pull, so a client's next request reuses its own.
-    serve = partial(serve_asgi, app, host, port, log_name="streaming.http_api.server", keep_alive_s=75.0)
+    serve = partial(
+        serve_asgi, app, host, port, log_name="streaming.http_api.server", keep_alive_s=75.0, tls=config.tls_files()
+    )
     async with trio.open_nursery() as nursery:
         bound: int = await nursery.start(serve)
         log.info(

@@ -34,6 +34,7 @@ from streaming.core.engine import Delivery, SubscribeRequest
 from streaming.core.errors import RequestError
 from streaming.core.outbound import Publish
 from streaming.core.service import Core
+from streaming.permissions import Compiled
 
 log = logging.getLogger(__name__)
 
@@ -133,9 +134,10 @@ class BayeuxDoor:
 
     # -- requests ------------------------------------------------------------------------------
 
-    async def handle(self, messages: list[Any]) -> list[dict[str, Any] | bytes]:
+    async def handle(self, messages: list[Any], permissions: Compiled | None = None) -> list[dict[str, Any] | bytes]:
         """Answer one request's messages, in order: replies, and deliveries already encoded (first in
-        a connect's answer). Publishes are answered once the last of them is committed."""
+        a connect's answer). Publishes are answered once the last of them is committed. `permissions`:
+        the channels the request's user may publish and subscribe to (None: all)."""
         await self.core.ready.wait()
         out: list[dict[str, Any] | bytes] = []
         commits: _Commits | None = None
@@ -162,7 +164,7 @@ class BayeuxDoor:
                 self._end(live)
                 out.append(bx.reply(message, successful=True))
             elif channel == "/meta/subscribe":
-                out.append(await self._subscribe(live, message))
+                out.append(await self._subscribe(live, message, permissions))
             elif channel == "/meta/unsubscribe":
                 out.append(self._unsubscribe(live, message))
             elif channels.is_meta(channel):
@@ -170,7 +172,7 @@ class BayeuxDoor:
             else:
                 if commits is None:
                     commits = _Commits()
-                out.append(await self._publish(message, commits, len(out)))
+                out.append(await self._publish(message, commits, len(out), permissions))
         if commits is not None and commits.remaining:
             await commits.done.wait()
             for index, error in commits.errors.items():
@@ -255,7 +257,7 @@ class BayeuxDoor:
         session.unacked.clear()
         pipeline.client_closed(live.engine_client)
 
-    async def _subscribe(self, live: _Live, message: dict[str, Any]) -> dict[str, Any]:
+    async def _subscribe(self, live: _Live, message: dict[str, Any], permissions: Compiled | None) -> dict[str, Any]:
         names = bx.subscriptions_of(message)
         if isinstance(names, dict):
             return names
@@ -263,6 +265,8 @@ class BayeuxDoor:
         for name in names:
             if channels.is_meta(name) or channels.is_service(name) or not channels.mappable(name):
                 return bx.error(message, bx.SUBSCRIBE_FAILED, subscription=subscription)
+            if permissions is not None and not permissions.may_subscribe(channels.to_engine(name)):
+                return bx.error(message, bx.SUBSCRIBE_DENIED, subscription=subscription)
         session = live.session
         for name in names:
             if name in session.subscriptions:
@@ -306,7 +310,9 @@ class BayeuxDoor:
             self.core.pipeline.unsubscribe(sub_id)
         return bx.reply(message, successful=True, subscription=message["subscription"])
 
-    async def _publish(self, message: dict[str, Any], commits: _Commits, index: int) -> dict[str, Any] | bytes:
+    async def _publish(
+        self, message: dict[str, Any], commits: _Commits, index: int, permissions: Compiled | None
+    ) -> dict[str, Any] | bytes:
         """Hand one publish to the group commit; its answer (at `index`) stands once `commits` is done."""
         channel: str = message["channel"]
         if channels.is_service(channel):
@@ -314,6 +320,8 @@ class BayeuxDoor:
         if not channels.mappable(channel):
             return bx.error(message, bx.CHANNEL_INVALID)
         engine_channel = channels.to_engine(channel)
+        if permissions is not None and not permissions.may_publish(engine_channel):
+            return bx.error(message, bx.PUBLISH_DENIED)
         if engine_channel in self.core.pipeline.deleting:
             return bx.error(message, bx.PUBLISH_FAILED)
         if not commits.remaining:

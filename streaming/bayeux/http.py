@@ -13,15 +13,25 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from streaming.auth import Authenticator
 from streaming.bayeux import protocol as bx
 from streaming.bayeux.door import BayeuxDoor
+from streaming.http_auth import permissions_of
 
 _JSON = "application/json;charset=UTF-8"
 
 
 class BayeuxApp:
-    def __init__(self, door: BayeuxDoor, *, path: str = "/cometd", max_body_bytes: int = 1024 * 1024) -> None:
+    def __init__(
+        self,
+        door: BayeuxDoor,
+        *,
+        path: str = "/cometd",
+        max_body_bytes: int = 1024 * 1024,
+        auth: Authenticator | None = None,
+    ) -> None:
         self.door = door
+        self.auth = auth or Authenticator()
         self.max_body_bytes = max_body_bytes
         self.path = base = "/" + path.strip("/")
         self.routes = [Route(base, self.post, methods=["POST"]), Route(base, self.refuse_get, methods=["GET"])]
@@ -39,7 +49,7 @@ class BayeuxApp:
             messages = bx.parse_body(bytes(body))
         except bx.BadBody as exc:
             return _problem(400, str(exc))
-        answer = await self.door.handle(messages)
+        answer = await self.door.handle(messages, permissions_of(request, self.auth))
         return Response(bx.encode_answer(answer), media_type=_JSON)
 
     async def refuse_get(self, request: Request) -> Response:

@@ -33,6 +33,8 @@ SUBSCRIPTION_MISSING: Final = "403::subscription_missing"
 SUBSCRIPTION_INVALID: Final = "403::subscription_invalid"
 SUBSCRIBE_FAILED: Final = "403::subscribe_failed"
 PUBLISH_FAILED: Final = "500::publish_failed"  # the store refused the message (a full disk, ...)
+SUBSCRIBE_DENIED: Final = "403::subscribe_denied"  # the user's permissions do not allow the channel
+PUBLISH_DENIED: Final = "403::publish_denied"
 CONNECTION_TYPE_UNSUPPORTED: Final = "409::connection_type_unsupported"
 HANDSHAKE_ALONE: Final = "400::handshake_must_be_alone"
 

@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import logging
 import secrets
+import ssl
 import time
 from collections.abc import Callable
 
@@ -68,10 +69,12 @@ class NatsConnection:
         user: str = "",
         password: str = "",
         token: str = "",
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.host, self.port, self.name = host, port, name
         # Sent in CONNECT when given, as nats-server reads them (`user`/`pass`, `auth_token`).
         self._credentials = {k: v for k, v in (("user", user), ("pass", password), ("auth_token", token)) if v}
+        self.tls = tls  # the TLS handshake follows the server's INFO, which must ask for it (tls_required)
         self.reconnect_wait_s = reconnect_wait_s
         self.max_reconnect_attempts = max_reconnect_attempts
         self.connect_timeout_s = connect_timeout_s
@@ -82,7 +85,7 @@ class NatsConnection:
         self.connected = False
         self.closed = False
         self.reconnects = 0
-        self._stream: trio.SocketStream | None = None
+        self._stream: trio.abc.Stream | None = None
         self._parser = p.ClientConnection()
         self._out: list[bytes] = []
         self._has_data = trio.Event()
@@ -125,7 +128,8 @@ class NatsConnection:
         """Write the one queued frame straight to the socket; the writer gets what the socket does not
         take, or the error to meet."""
         data = self._out[0]
-        sent = write_now(self._stream, data) if self._stream is not None else 0
+        stream = self._stream
+        sent = write_now(stream, data) if isinstance(stream, trio.SocketStream) else 0  # TLS: the writer
         self._last_write = time.perf_counter()
         if sent == len(data):
             self._out.clear()
@@ -233,13 +237,22 @@ class NatsConnection:
 
     async def _connect(self) -> None:
         with trio.fail_after(self.connect_timeout_s):
-            stream = await trio.open_tcp_stream(self.host, self.port)
+            stream: trio.abc.Stream = await trio.open_tcp_stream(self.host, self.port)
             try:
                 self._parser = p.ClientConnection()
                 event = await self._next_event(stream)
                 if not isinstance(event, p.Info):
                     raise _Lost(f"expected INFO, got {event!r}")
                 self.info = event.options
+                if bool(event.options.get("tls_required")) != (self.tls is not None):
+                    raise NatsError(
+                        "the server requires TLS: connect with tls="
+                        if self.tls is None
+                        else "TLS was asked for, but the server does not offer it (no tls_required in its INFO)"
+                    )
+                if self.tls is not None:
+                    stream = trio.SSLStream(stream, self.tls, server_hostname=self.host)
+                    await stream.do_handshake()
                 options = {
                     "verbose": False,
                     "pedantic": False,
@@ -271,7 +284,7 @@ class NatsConnection:
         self._reconnected.set()
         self._reconnected = trio.Event()
 
-    async def _next_event(self, stream: trio.SocketStream) -> p.Event:
+    async def _next_event(self, stream: trio.abc.Stream) -> p.Event:
         while True:
             event = self._parser.next_event()
             if not isinstance(event, p._NeedData):
@@ -279,7 +292,7 @@ class NatsConnection:
             data = await stream.receive_some(65536)
             if not data:
                 raise _Lost("connection closed by the server")
-            self._parser.receive_data(data)
+            self._parser.receive_data(bytes(data))
 
     async def _serve(self) -> None:
         with trio.CancelScope() as scope:
@@ -304,7 +317,7 @@ class NatsConnection:
                 data = await stream.receive_some(65536)
                 if not data:
                     break
-                parser.receive_data(data)
+                parser.receive_data(data if type(data) is bytes else bytes(data))
                 while True:
                     event = parser.next_event()
                     if type(event) is p.Msg:

@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import logging
 import secrets
+import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -565,9 +566,11 @@ async def connect(
     user: str = "",
     password: str = "",
     token: str = "",
+    tls: ssl.SSLContext | None = None,
 ) -> AsyncIterator[StanClient]:
     """Open a STAN session; it is closed (STAN Close, then TCP) when the block ends. `user` and
-    `password`, or `token`: the credentials of a server that asks for them.
+    `password`, or `token`: the credentials of a server that asks for them; `tls`: the client's TLS
+    context for a server that requires TLS (with its certificate for one that verifies clients).
 
     Connecting fails with OSError (nothing listening), NatsError (the server refused the connection:
     `Authorization Violation` for bad credentials) or StanError (refused, or no STAN server with that
@@ -584,6 +587,7 @@ async def connect(
             user=user,
             password=password,
             token=token,
+            tls=tls,
         )
         client = StanClient(
             nats,

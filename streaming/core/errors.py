@@ -24,6 +24,8 @@ CLIENT_ID_MISSING: Final = "stan: clientID missing"
 CLIENT_ALREADY_REGISTERED: Final = "stan: clientID already registered"
 UNKNOWN_CLIENT: Final = "stan: unknown clientID"
 CLIENT_REPLACED: Final = "client has been replaced or is no longer registered"
+
+
 INVALID_CLOSE: Final = "stan: invalid close request"
 
 # Publishing.
@@ -56,3 +58,8 @@ def store_error(exc: StoreError) -> str:
     if isinstance(exc, StoreWriteError):
         return "stan: store error: the server could not write to its disk: not stored"
     return "stan: store error (see the server log)"
+
+
+def not_permitted(action: str, channel: str) -> str:
+    """A STAN request refused by the user's permissions (our words: the reference server has none)."""
+    return f"stan: permissions violation: may not {action} to channel {channel!r}"

@@ -21,7 +21,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from storage import StoreError
+from streaming.auth import Authenticator
 from streaming.core.errors import RequestError
+from streaming.http_auth import permissions_of
 from streaming.pull import protocol as pp
 from streaming.pull.door import Conflict, PullConsumer, PullDoor
 
@@ -50,8 +52,9 @@ def _rfc3339(unix_s: float) -> str:
 
 
 class PullApp:
-    def __init__(self, door: PullDoor, *, max_payload: int) -> None:
+    def __init__(self, door: PullDoor, *, max_payload: int, auth: Authenticator | None = None) -> None:
         self.door = door
+        self.auth = auth or Authenticator()
         self.max_payload = max_payload
         self.mirror = door.settings.msg_headers
         base = "/channels/{channel}"
@@ -145,6 +148,9 @@ class PullApp:
             if len(body) > self.max_payload:
                 # The rest of the body is not read: the connection cannot carry another request.
                 return _problem(413, "payload-too-large", {"Connection": "close"}, limit=self.max_payload)
+        permissions = permissions_of(request, self.auth)
+        if permissions is not None and not permissions.may_publish(channel):
+            return _problem(403, "forbidden", detail=f"may not publish to channel {channel!r}")
         content_type = request.headers.get("content-type", "")
         if not _CONTENT_TYPE.fullmatch(content_type):
             detail = "a media type of at most 255 printable ASCII characters"
@@ -166,6 +172,9 @@ class PullApp:
             options = pp.parse_options(form, time.time_ns())
         except pp.BadParameter as exc:
             return _problem(400, "bad-parameter", parameter=exc.name, detail=str(exc))
+        permissions = permissions_of(request, self.auth)
+        if permissions is not None and not permissions.may_subscribe(channel):
+            return _problem(403, "forbidden", detail=f"may not consume from channel {channel!r}")
         try:
             live = await self.door.create(channel, options)
         except Conflict as exc:

@@ -36,6 +36,7 @@ import itertools
 import logging
 import os
 import secrets
+import ssl
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -43,8 +44,9 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from streaming.auth import Authenticator
 from streaming.memory import release_freed_memory
-from streaming.stan.auth import Authenticator
+from streaming.permissions import Compiled
 from streaming.wire import nats as p
 from streaming.wire.sockets import write_now
 from streaming.wire.subjects import Sublist, valid_literal, valid_subject
@@ -102,13 +104,13 @@ _ERROR_KINDS: dict[str, str] = {
     p.INVALID_PUBLISH_SUBJECT: "invalid_publish_subject",
 }
 # Every key of Broker.protocol_errors.
-PROTOCOL_ERROR_KINDS = (*_ERROR_KINDS.values(), "permissions", "authorization", "other")
+PROTOCOL_ERROR_KINDS = (*_ERROR_KINDS.values(), "permissions", "authorization", "tls", "other")
 
 
 class _Sub:
     """One subscription: a remote connection's sid, or an in-process handler (conn is None)."""
 
-    __slots__ = ("conn", "delivered", "handler", "literal", "max_msgs", "queue", "sid", "subject")
+    __slots__ = ("conn", "delivered", "denied", "handler", "literal", "max_msgs", "queue", "sid", "subject")
 
     def __init__(self, conn: Connection | None, sid: str, subject: str, queue: str, handler: Handler | None) -> None:
         self.conn = conn
@@ -119,6 +121,7 @@ class _Sub:
         self.max_msgs: int | None = None
         self.delivered = 0
         self.literal = "*" not in subject and ">" not in subject
+        self.denied: Compiled | None = None  # its user's permissions, when some subjects it matches are denied
 
 
 class Connection:
@@ -126,7 +129,9 @@ class Connection:
 
     def __init__(self, broker: Broker, stream: trio.SocketStream, cid: int) -> None:
         self.broker = broker
-        self.stream = stream
+        self.socket_stream = stream
+        self.stream: trio.abc.Stream = stream  # a TLS stream over the socket once the handshake is done
+        self.tls = False  # writes go through the TLS stream: never straight to the socket
         self.cid = cid
         self.parser = p.ServerConnection(broker.config.max_payload, broker.config.max_control_line)
         self.out: list[bytes] = []
@@ -141,6 +146,7 @@ class Connection:
         self.connected = trio.Event()  # CONNECT received (and its credentials, when asked for, right)
         self.authorized = not broker.auth.required  # nothing but CONNECT is taken until it is
         self.user = ""  # who its CONNECT proved to be
+        self.permissions: Compiled | None = None  # what that user may publish and subscribe to (None: all)
         self.verbose = False
         self.pedantic = False
         self.echo = True
@@ -181,11 +187,11 @@ class Connection:
         self.held = False
         if not self.out:
             return
-        if self.writing or self.closing:
+        if self.writing or self.closing or self.tls:
             self.has_data.set()
             return
         data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
-        sent = write_now(self.stream, data)
+        sent = write_now(self.socket_stream, data)
         if sent == len(data):
             self.out.clear()
             self.pending_bytes = 0
@@ -211,8 +217,8 @@ class Connection:
         middle of a message): best effort, as nats-server's."""
         if self.closing:
             return
-        if not (self.writing or self.partial):
-            write_now(self.stream, p.encode_err(text))
+        if not (self.writing or self.partial or self.tls):
+            write_now(self.socket_stream, p.encode_err(text))
         self.closing = self.abort = True
         self.has_data.set()
         if self.reader_scope is not None:
@@ -228,9 +234,17 @@ class SpanListener(Protocol):
 
 
 class Broker:
-    def __init__(self, config: BrokerConfig | None = None, auth: Authenticator | None = None) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig | None = None,
+        auth: Authenticator | None = None,
+        tls: ssl.SSLContext | None = None,
+        tls_verify: bool = False,
+    ) -> None:
         self.config = config or BrokerConfig()
         self.auth = auth or Authenticator()
+        self.tls = tls  # every connection: a plain INFO, then the TLS handshake (nats-server's way)
+        self.tls_verify = tls_verify  # client certificates are required (INFO says so)
         self.server_id = secrets.token_hex(11).upper()
         self._sublist: Sublist[_Sub] = Sublist()
         self._sub_added = trio.Event()
@@ -322,8 +336,7 @@ class Broker:
         if owner is None:
             return _ANYONE
         if origin is not None:  # a client writing into another's inbox: forging its messages
-            origin.send(p.encode_err(f'{p.PERMISSIONS_VIOLATION} for Publish to "{subject}"'))
-            self.protocol_errors["permissions"] += 1
+            self._violation(origin, "Publish", subject)
             return _NOBODY
         return owner or _LITERAL
 
@@ -382,6 +395,8 @@ class Broker:
             assert sub.conn is not None
             if allowed and not (sub.conn.cid == allowed or (allowed == _LITERAL and sub.literal)):
                 continue
+            if sub.denied is not None and not sub.denied.may_receive(subject):
+                continue
             sub.conn.send(p.encode_msgs(subject, sub.sid, payloads))
             self.out_msgs += len(payloads)
             self.out_bytes += sum(map(len, payloads))
@@ -404,7 +419,7 @@ class Broker:
                 allowed = self._receivers(subject, origin)
             if allowed and not (conn.cid == allowed or (allowed == _LITERAL and sub.literal)):
                 continue
-            if conn is origin and not conn.echo:
+            if (conn is origin and not conn.echo) or (sub.denied is not None and not sub.denied.may_receive(subject)):
                 continue
             self._send(sub, conn, subject, reply, payload)
         return waits
@@ -480,8 +495,12 @@ class Broker:
         conn = Connection(self, stream, next(self._cids))
         self.total_connections += 1
         self._conns[conn.cid] = conn
-        conn.send(p.encode_info(self._info(conn)))
+        info = p.encode_info(self._info(conn))
         try:
+            if self.tls is None:
+                conn.send(info)
+            elif not await self._start_tls(conn, info, self.tls):
+                return
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._writer, conn)
                 nursery.start_soon(self._pinger, conn)
@@ -506,12 +525,28 @@ class Broker:
                 self._reserved[subject] = 0
             conn.reserved.clear()
             with trio.move_on_after(1, shield=True):
-                await trio.aclose_forcefully(stream)
+                await trio.aclose_forcefully(conn.stream)
             for hook in self._close_hooks:
                 hook(subjects)
             for disconnected in self._disconnect_hooks:
                 disconnected(conn.cid)
             release_freed_memory()
+
+    async def _start_tls(self, conn: Connection, info: bytes, context: ssl.SSLContext) -> bool:
+        """Send INFO in the clear, then take the client's TLS handshake; False (logged, counted, and
+        the connection closed by the caller) when it does not come or fails: a client without TLS."""
+        tls = trio.SSLStream(conn.socket_stream, context, server_side=True)
+        try:
+            with trio.fail_after(self.config.connect_timeout_s or 10.0):
+                await conn.socket_stream.send_all(info)
+                await tls.do_handshake()
+        except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            why = exc.__cause__ or ("timed out" if isinstance(exc, trio.TooSlowError) else "closed")
+            log.info("connection %d (%s): no TLS handshake: %s", conn.cid, conn.remote, why)
+            self.protocol_errors["tls"] += 1
+            return False
+        conn.stream, conn.tls = tls, True
+        return True
 
     def _info(self, conn: Connection) -> dict[str, Any]:
         return {
@@ -525,6 +560,8 @@ class Broker:
             "max_payload": self.config.max_payload,
             "client_id": conn.cid,
             **({"auth_required": True} if self.auth.required else {}),
+            **({"tls_required": True} if self.tls is not None else {}),
+            **({"tls_verify": True} if self.tls_verify else {}),
         }
 
     async def _writer(self, conn: Connection) -> None:
@@ -587,7 +624,7 @@ class Broker:
                 return
             if not data:
                 return
-            parser.receive_data(data)
+            parser.receive_data(data if type(data) is bytes else bytes(data))  # TLS reads are bytearrays
             full = len(data) == _READ_SIZE  # the socket likely holds more
             try:
                 while True:
@@ -660,6 +697,7 @@ class Broker:
             return
         conn.authorized = True
         conn.user = user
+        conn.permissions = self.auth.permissions(user)
         self._on_control(conn, event)
 
     def _refuse(self, conn: Connection, why: str) -> None:
@@ -676,6 +714,10 @@ class Broker:
             return []
         if conn.verbose:
             conn.send(p.OK_BYTES)
+        permissions = conn.permissions
+        if permissions is not None and not self.internal(event.subject) and not permissions.may_publish(event.subject):
+            self._violation(conn, "Publish", event.subject)
+            return []
         self.sender = conn.cid
         try:
             return self._route(event.subject, event.reply, event.payload, conn)
@@ -692,12 +734,16 @@ class Broker:
                 conn.send(p.encode_err(p.INVALID_SUBJECT))
                 self.protocol_errors["invalid_subject"] += 1
                 return
-            if self.internal(event.subject):
-                conn.send(p.encode_err(f'{p.PERMISSIONS_VIOLATION} for Subscription to "{event.subject}"'))
-                self.protocol_errors["permissions"] += 1
+            permissions = conn.permissions
+            if self.internal(event.subject) or (
+                permissions is not None and not permissions.may_subscribe(event.subject)
+            ):
+                self._violation(conn, "Subscription", event.subject)
                 return
             if event.sid not in conn.subs:  # a duplicate sid is ignored, as nats-server does
                 sub = conn.subs[event.sid] = _Sub(conn, event.sid, event.subject, event.queue, None)
+                if permissions is not None and permissions.filters(event.subject):
+                    sub.denied = permissions
                 self._sublist.add(sub, event.subject, event.queue)
                 self._sub_added.set()
                 self._sub_added = trio.Event()
@@ -720,6 +766,16 @@ class Broker:
             conn.name = str(event.options.get("name", ""))
             if conn.verbose:
                 conn.send(p.OK_BYTES)
+
+    def _violation(self, conn: Connection, what: str, subject: str) -> None:
+        """nats-server's answer to a publish or subscription the connection may not make (it stays open)."""
+        conn.send(p.encode_err(f'{p.PERMISSIONS_VIOLATION} for {what} to "{subject}"'))
+        self.protocol_errors["permissions"] += 1
+
+    def permissions(self, cid: int) -> Compiled | None:
+        """What connection `cid`'s user may publish and subscribe to (None: anything, or no such)."""
+        conn = self._conns.get(cid)
+        return None if conn is None else conn.permissions
 
     def _remove(self, conn: Connection, sid: str) -> None:
         gone = conn.subs.pop(sid, None)

@@ -82,6 +82,7 @@ class StanServer:
         self.ping_subject = f"{self.discover_subject}.pings"
         self.ack_prefix = f"_STAN.ack.{cid}"
         self.refused: collections.Counter[str] = collections.Counter()  # refused requests by kind
+        self._restricts = broker.auth.restricts  # users have permissions: publishes are checked
         self._nursery: trio.Nursery | None = None
         self._pipeline: Pipeline
         self._engine: Engine
@@ -224,6 +225,13 @@ class StanServer:
         if channel in self._pipeline.deleting:
             self._respond(reply, pb.PubAck(guid=message.guid, error=errors.CHANNEL_BEING_DELETED), sender)
             return None
+        if self._restricts:
+            permissions = self.broker.permissions(sender)
+            if permissions is not None and not permissions.may_publish(channel):
+                self._respond(
+                    reply, pb.PubAck(guid=message.guid, error=errors.not_permitted("publish", channel)), sender
+                )
+                return None
         return self._publish(Publish(channel, message.data, message.reply, message.guid, reply, self.outbound))
 
     def _on_ack(self, subject: str, reply: str, payload: bytes) -> None:
@@ -259,6 +267,9 @@ class StanServer:
             client = self.clients.acting_for(request.client_id, sender)
             if client is None:
                 raise RequestError(errors.UNKNOWN_CLIENT)
+            permissions = self.broker.permissions(sender)
+            if permissions is not None and not permissions.may_subscribe(request.channel):
+                raise RequestError(errors.not_permitted("subscribe", request.channel))
             self.clients.own(client, request.inbox)
             await core.ensure_channel(request.channel)
             if core.store_write_error() is not None and core.engine.creates_durable(request):

@@ -11,10 +11,17 @@ setTimeout(() => fail(`scenario ${scenario} timed out`), 20000);
 
 function connect(clientID) {
   return new Promise((resolve, reject) => {
-    // Credentials, when the test gives them, as a user of a secured server passes them.
+    // Credentials and TLS, when the test gives them, as a user of a secured server passes them.
     const auth = {};
     if (process.env.NATS_USER) Object.assign(auth, { user: process.env.NATS_USER, pass: process.env.NATS_PASS });
     if (process.env.NATS_TOKEN) auth.token = process.env.NATS_TOKEN;
+    if (process.env.NATS_CA) {
+      const fs = require('fs');
+      auth.tls = { ca: [fs.readFileSync(process.env.NATS_CA)] };
+      if (process.env.NATS_CERT) {
+        Object.assign(auth.tls, { cert: fs.readFileSync(process.env.NATS_CERT), key: fs.readFileSync(process.env.NATS_KEY) });
+      }
+    }
     const sc = stan.connect('test-cluster', clientID, Object.assign({ url, connectTimeout: 5000 }, auth));
     sc.on('connect', () => resolve(sc));
     sc.on('error', reject);

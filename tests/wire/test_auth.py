@@ -6,8 +6,11 @@ and a close, a silent connection `Authentication Timeout`, and nobody else notic
 from __future__ import annotations
 
 import asyncio
+import re
+import tomllib
 from pathlib import Path
 
+import attrs
 import bcrypt
 import httpx
 import nats
@@ -15,9 +18,10 @@ import psutil
 import pytest
 import trio
 
-from streaming.client import NatsError, StartPosition, connect
-from streaming.config import ConfigError, ServerConfig, load
-from streaming.stan.auth import Authenticator, User
+from streaming.auth import Authenticator, User
+from streaming.client import NatsError, StanError, StartPosition, connect
+from streaming.config import ConfigError, ServerConfig, load, merged
+from streaming.permissions import Permissions, Rule
 from streaming.wire import nats as p
 from tests.wire.servers import RawClient, config, running, server_process
 from tests.wire.test_peers import node, run_node
@@ -161,3 +165,116 @@ async def test_the_monitoring_port_can_listen_on_loopback_only() -> None:
     async with running(config(host="0.0.0.0", http_port=-1, http_host="127.0.0.1")) as server:
         assert listening_on(server.http_port) == {"127.0.0.1"}
         assert listening_on(server.port) and listening_on(server.port) <= {"0.0.0.0", "::"}
+
+
+def test_the_readmes_secured_server_is_a_valid_configuration() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    block = readme.split("A secured server", 1)[1].split("```toml", 1)[1].split("```", 1)[0]
+    cfg = merged(tomllib.loads(block), {})
+    assert cfg.tls_files() is not None
+    assert cfg.authenticator().required and len(cfg.users) == 2
+
+
+async def test_the_http_doors_take_the_same_users() -> None:
+    async with running(config(user="alice", password=HASH, http_api_port=-1, http_port=-1)) as server:
+        base = f"http://127.0.0.1:{server.http_api_port}"
+        async with httpx.AsyncClient(base_url=base) as anonymous:
+            refused = await anonymous.post("/channels/orders/messages", content=b"x")
+            assert refused.status_code == 401 and "Basic" in refused.headers["www-authenticate"]
+            handshake = [{"channel": "/meta/handshake", "version": "1.0", "supportedConnectionTypes": ["long-polling"]}]
+            assert (await anonymous.post("/cometd", json=handshake)).status_code == 401
+        async with httpx.AsyncClient(base_url=base, auth=("alice", "wrong")) as wrong:
+            assert (await wrong.post("/channels/orders/messages", content=b"x")).status_code == 401
+        async with httpx.AsyncClient(base_url=base, auth=("alice", "s3cret")) as alice:
+            stored = await alice.post("/channels/orders/messages", content=b"by alice")
+            assert stored.status_code == 201
+            assert (await alice.post("/cometd", json=handshake)).json()[0]["successful"] is True
+        info = server.store.channel_info("orders")
+        assert info is not None and info.msgs == 1, "a refused request stored something"
+        async with httpx.AsyncClient() as monitoring:  # has no credentials of its own (--http_host)
+            assert (await monitoring.get(f"http://127.0.0.1:{server.http_port}/streaming/serverz")).status_code == 200
+
+
+async def test_a_bearer_token_on_the_http_doors() -> None:
+    async with running(config(auth_token="t0ken", http_api_port=-1)) as server:
+        url = f"http://127.0.0.1:{server.http_api_port}/channels/orders/messages"
+        async with httpx.AsyncClient() as http:
+            assert (await http.post(url, content=b"x", headers={"Authorization": "Bearer t0ken"})).status_code == 201
+            assert (await http.post(url, content=b"x", headers={"Authorization": "Bearer nope"})).status_code == 401
+            assert (await http.post(url, content=b"x", headers={"Authorization": "Basic !!!"})).status_code == 401
+
+
+PERMITTED = f"""
+[[users]]
+user = "orders"
+password = "{HASH}"
+[users.permissions]
+publish = ["orders.>"]
+subscribe = {{ allow = ["orders.>", "_INBOX.>", "_STAN.acks.>", "public.>", ">"], deny = ["orders.secret.>"] }}
+"""
+
+
+async def test_a_users_permissions_hold_on_nats_subjects_and_stan_channels(tmp_path: Path) -> None:
+    path = tmp_path / "server.toml"
+    path.write_text(PERMITTED)
+    cfg = attrs.evolve(load(path), **{k: getattr(config(), k) for k in ("host", "port", "store", "allow_ms_ack_wait")})
+    async with running(cfg) as server:
+        raw = await RawClient.open(server.port, b'CONNECT {"user":"orders","pass":"s3cret"}\r\n')
+        await raw.send(
+            b"SUB orders.secret.plans 1\r\nSUB > 2\r\nPUB billing.x 1\r\nx\r\nPUB orders.ok 1\r\ny\r\nPING\r\n"
+        )
+        got = [await raw.next() for _ in range(4)]
+        assert got[0] == p.Err('Permissions Violation for Subscription to "orders.secret.plans"')
+        assert got[1] == p.Err('Permissions Violation for Publish to "billing.x"')
+        assert isinstance(got[2], p.Msg) and (got[2].subject, got[2].payload) == ("orders.ok", b"y")
+        assert got[3] == p.PONG, "the connection stays open"
+        other = await RawClient.open(server.port, b'CONNECT {"user":"orders","pass":"s3cret"}\r\n')
+        await other.send(b"PUB orders.secret.plans 1\r\nz\r\nPUB orders.after 1\r\nw\r\nPING\r\n")
+        assert await other.next() == p.PONG
+        seen = await raw.next()  # `>` overlaps the denied subjects: their messages are held back
+        assert isinstance(seen, p.Msg) and seen.subject == "orders.after"
+        async with connect(CLUSTER, "stan-user", port=server.port, user="orders", password="s3cret") as client:
+            await client.publish("orders.eu", b"allowed")
+            with pytest.raises(StanError, match="may not publish to channel 'billing'"):
+                await client.publish("billing", b"refused")
+            with pytest.raises(StanError, match=re.escape("may not subscribe to channel 'orders.secret.x'")):
+                await client.open_subscription("orders.secret.x")
+            async with client.subscribe("orders.eu", start_at=StartPosition.FIRST) as sub:
+                assert (await sub.next_msg()).data == b"allowed"
+        assert server.store.channel_info("billing") is None
+
+
+def test_permission_subjects_are_checked_and_wildcards_compared_by_what_they_can_match() -> None:
+    with pytest.raises(ConfigError, match="not a valid subject"):
+        merged({"users": [{"user": "a", "password": "b", "permissions": {"publish": ["bad..subject"]}}]}, {})
+    rules = Permissions(publish=Rule(allow=("a.>",)), subscribe=Rule(allow=("a.*",), deny=("a.x",))).compiled()
+    assert rules.may_publish("a.b.c") and not rules.may_publish("a") and not rules.may_publish("b.c")
+    assert rules.may_subscribe("a.b") and rules.may_subscribe("a.*")
+    assert not rules.may_subscribe("a.>"), "a.> can match a.b.c, which a.* does not allow"
+    assert not rules.may_subscribe("a.x") and rules.filters("a.*") and not rules.filters("a.b")
+    assert not rules.may_receive("a.x") and rules.may_receive("a.y")
+
+
+async def test_a_users_permissions_hold_on_the_http_doors(tmp_path: Path) -> None:
+    path = tmp_path / "server.toml"
+    path.write_text(PERMITTED)
+    cfg = attrs.evolve(load(path), host="127.0.0.1", port=0, store="memory", http_api_port=-1)
+    async with (
+        running(cfg) as server,
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_api_port}", auth=("orders", "s3cret")) as http,
+    ):
+        assert (await http.post("/channels/orders.eu/messages", content=b"ok")).status_code == 201
+        refused = await http.post("/channels/billing/messages", content=b"no")
+        assert refused.status_code == 403 and "billing" in refused.json()["detail"]
+        assert (await http.post("/channels/orders.secret.x/pull-consumers")).status_code == 403
+        assert (await http.post("/channels/orders.eu/pull-consumers")).status_code == 201
+        shake = await http.post("/cometd", json=[{"channel": "/meta/handshake", "version": "1.0"}])
+        client_id = shake.json()[0]["clientId"]
+        batch = [
+            {"channel": "/billing", "clientId": client_id, "data": {"n": 1}},
+            {"channel": "/meta/subscribe", "clientId": client_id, "subscription": "/orders/secret/x"},
+            {"channel": "/orders/eu", "clientId": client_id, "data": {"n": 2}},
+        ]
+        answers = (await http.post("/cometd", json=batch)).json()
+        assert [a.get("error") for a in answers] == ["403::publish_denied", "403::subscribe_denied", None]
+        assert server.store.channel_info("billing") is None

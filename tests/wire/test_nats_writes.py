@@ -47,7 +47,7 @@ async def test_direct_and_writer_writes_keep_frames_whole_and_in_order() -> None
             nursery.start_soon(handshake)
             await nursery.start(nc.run)  # started once the PONG came back
             (peer,) = peers
-            assert nc._stream is not None
+            assert isinstance(nc._stream, trio.SocketStream)
             nc._stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, BUFFER)
 
             sent: list[bytes] = []

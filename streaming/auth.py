@@ -17,6 +17,8 @@ from typing import Any
 import attrs
 import bcrypt
 
+from streaming.permissions import Compiled, Permissions
+
 _BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
 
 
@@ -24,6 +26,7 @@ _BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
 class User:
     name: str
     password: str  # the password, or its bcrypt hash
+    permissions: Permissions | None = None  # None: may publish and subscribe anywhere
 
     @property
     def hashed(self) -> bool:
@@ -43,11 +46,21 @@ class Authenticator:
             raise ValueError("every user needs a name and a password")
         self._token = token.encode()
         self._users = {u.name: u for u in users}
+        self._permissions = {u.name: u.permissions.compiled() for u in users if u.permissions is not None}
         self._proven: set[tuple[str, bytes]] = set()  # (user, sha256 of a password found right)
 
     @property
     def required(self) -> bool:
         return bool(self._token or self._users)
+
+    @property
+    def restricts(self) -> bool:
+        """Whether any user has permissions (so that requests must be checked against them)."""
+        return bool(self._permissions)
+
+    def permissions(self, user: str) -> Compiled | None:
+        """What `user` may publish and subscribe to (None: anything)."""
+        return self._permissions.get(user)
 
     def needs_thread(self, options: Mapping[str, Any]) -> bool:
         """Whether checking these credentials is a bcrypt check not made before (slow)."""
