@@ -1,4 +1,6 @@
-"""Who may connect to the NATS port, in nats-server's terms: one token, or users with passwords.
+"""Who may connect to the NATS port, in nats-server's terms: one token, or users with passwords, or
+users known by an nkey (an ed25519 public key: the CONNECT carries it and its signature of the nonce
+the server's INFO gave that connection).
 
 A password in the configuration is either the password itself or its bcrypt hash (`$2a$`, `$2b$` or
 `$2y$`, as `nats server passwd` and `htpasswd -B` write them), as nats-server takes them. A CONNECT
@@ -9,6 +11,8 @@ the digest of a password once it was right, so that a client reconnecting does n
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 from collections.abc import Mapping, Sequence
@@ -16,17 +20,21 @@ from typing import Any
 
 import attrs
 import bcrypt
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from streaming.permissions import Compiled, Permissions
 
 _BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
+_NKEY_USER = 20 << 3  # the prefix byte of a user's public nkey ("U...")
 
 
 @attrs.frozen
 class User:
-    name: str
-    password: str  # the password, or its bcrypt hash
+    name: str  # for an nkey user, its public nkey
+    password: str  # the password, or its bcrypt hash ("" for an nkey user)
     permissions: Permissions | None = None  # None: may publish and subscribe anywhere
+    nkey: bool = False
 
     @property
     def hashed(self) -> bool:
@@ -42,8 +50,11 @@ class Authenticator:
         names = [u.name for u in users]
         if len(set(names)) != len(names):
             raise ValueError("a user is configured twice")
-        if any(not u.name or not u.password for u in users):
-            raise ValueError("every user needs a name and a password")
+        if any(not u.name or not (u.password or u.nkey) for u in users):
+            raise ValueError("every user needs a name and a password, or an nkey")
+        for u in users:
+            if u.nkey and public_nkey(u.name) is None:
+                raise ValueError(f"{u.name!r} is not a user's public nkey (U...)")
         self._token = token.encode()
         self._users = {u.name: u for u in users}
         self._permissions = {u.name: u.permissions.compiled() for u in users if u.permissions is not None}
@@ -52,6 +63,11 @@ class Authenticator:
     @property
     def required(self) -> bool:
         return bool(self._token or self._users)
+
+    @property
+    def wants_nonce(self) -> bool:
+        """Whether INFO must carry a nonce for clients to sign (some user has an nkey)."""
+        return any(u.nkey for u in self._users.values())
 
     @property
     def restricts(self) -> bool:
@@ -69,16 +85,21 @@ class Authenticator:
             return False
         return (user.name, _digest(options.get("pass"))) not in self._proven
 
-    def check(self, options: Mapping[str, Any]) -> str | None:
-        """The user a CONNECT's options prove (the token's is ""), or None: not authorized."""
+    def check(self, options: Mapping[str, Any], nonce: str = "") -> str | None:
+        """The user a CONNECT's options prove (the token's is "", an nkey user's its public key), or
+        None: not authorized. `nonce`: what the connection's INFO gave it to sign."""
         if not self.required:
             return ""
         if self._token:
             token = options.get("auth_token")
             return "" if isinstance(token, str) and hmac.compare_digest(token.encode(), self._token) else None
+        nkey = options.get("nkey")
+        if isinstance(nkey, str) and nkey:
+            known = self._users.get(nkey)
+            return nkey if known is not None and known.nkey and _signed(nkey, options.get("sig"), nonce) else None
         name, given = options.get("user"), options.get("pass")
         user = self._users.get(name) if isinstance(name, str) else None
-        if user is None or not isinstance(given, str):
+        if user is None or user.nkey or not isinstance(given, str):
             return None
         if not user.hashed:
             return user.name if hmac.compare_digest(given.encode(), user.password.encode()) else None
@@ -93,6 +114,32 @@ class Authenticator:
             self._proven.add(key)
             return user.name
         return None
+
+
+def public_nkey(nkey: str) -> bytes | None:
+    """The ed25519 key of a user's public nkey (base32 of the prefix byte, the key and a CRC-16), or
+    None when it is not one."""
+    try:
+        raw = base64.b32decode(nkey + "=" * (-len(nkey) % 8))
+    except (binascii.Error, ValueError):
+        return None
+    if len(raw) != 35 or raw[0] != _NKEY_USER or binascii.crc_hqx(raw[:-2], 0) != int.from_bytes(raw[-2:], "little"):
+        return None
+    return raw[1:-2]
+
+
+def _signed(nkey: str, signature: object, nonce: str) -> bool:
+    """Whether `signature` (base64, URL-safe or standard, padded or not) is the nkey's of `nonce`."""
+    key = public_nkey(nkey)
+    if key is None or not nonce or not isinstance(signature, str):
+        return False
+    padded = signature + "=" * (-len(signature) % 4)
+    try:
+        raw = base64.urlsafe_b64decode(padded) if "+" not in padded and "/" not in padded else base64.b64decode(padded)
+        Ed25519PublicKey.from_public_bytes(key).verify(raw, nonce.encode())
+    except (binascii.Error, ValueError, InvalidSignature):
+        return False
+    return True
 
 
 def _digest(password: object) -> bytes:

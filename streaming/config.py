@@ -120,8 +120,9 @@ class PermissionsConfig:
 class UserConfig:
     """One user of the NATS port: `password` is the password or its bcrypt hash ($2a$/$2b$/$2y$)."""
 
-    user: str
-    password: str
+    user: str = ""
+    password: str = ""
+    nkey: str = ""  # instead of user and password: the user's public nkey (U...)
     permissions: PermissionsConfig | None = None
 
 
@@ -247,14 +248,12 @@ class ServerConfig:
 
     def authenticator(self) -> Authenticator:
         """Who may connect to the NATS port (raises ValueError for a configuration it refuses)."""
-        users = [
-            User(
-                u.user,
-                u.password,
-                None if u.permissions is None else Permissions(**attrs.asdict(u.permissions, recurse=False)),
-            )
-            for u in self.users
-        ]
+        users = []
+        for u in self.users:
+            if u.nkey and (u.user or u.password):
+                raise ValueError("a user has an nkey or a user and password, not both")
+            permissions = None if u.permissions is None else Permissions(**attrs.asdict(u.permissions, recurse=False))
+            users.append(User(u.nkey, "", permissions, nkey=True) if u.nkey else User(u.user, u.password, permissions))
         if self.user:
             users.append(User(self.user, self.password))
         return Authenticator(self.auth_token, users)

@@ -147,6 +147,7 @@ class Connection:
         self.authorized = not broker.auth.required  # nothing but CONNECT is taken until it is
         self.user = ""  # who its CONNECT proved to be
         self.permissions: Compiled | None = None  # what that user may publish and subscribe to (None: all)
+        self.nonce = secrets.token_urlsafe(11) if broker.auth.wants_nonce else ""  # for an nkey to sign
         self.verbose = False
         self.pedantic = False
         self.echo = True
@@ -560,6 +561,7 @@ class Broker:
             "max_payload": self.config.max_payload,
             "client_id": conn.cid,
             **({"auth_required": True} if self.auth.required else {}),
+            **({"nonce": conn.nonce} if conn.nonce else {}),
             **({"tls_required": True} if self.tls is not None else {}),
             **({"tls_verify": True} if self.tls_verify else {}),
         }
@@ -685,11 +687,11 @@ class Broker:
             return _NO_WAITS, False
         if self.auth.needs_thread(event.options):
             return [self._admit_checked(conn, event)], True
-        self._admit(conn, event, self.auth.check(event.options))
+        self._admit(conn, event, self.auth.check(event.options, conn.nonce))
         return _NO_WAITS, not conn.closing
 
     async def _admit_checked(self, conn: Connection, event: p.Connect) -> None:
-        self._admit(conn, event, await trio.to_thread.run_sync(self.auth.check, event.options))
+        self._admit(conn, event, await trio.to_thread.run_sync(self.auth.check, event.options, conn.nonce))
 
     def _admit(self, conn: Connection, event: p.Connect, user: str | None) -> None:
         if user is None:

@@ -6,6 +6,9 @@ and a close, a silent connection `Authentication Timeout`, and nobody else notic
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -14,11 +17,12 @@ import attrs
 import bcrypt
 import httpx
 import nats
+import nkeys
 import psutil
 import pytest
 import trio
 
-from streaming.auth import Authenticator, User
+from streaming.auth import Authenticator, User, public_nkey
 from streaming.client import NatsError, StanError, StartPosition, connect
 from streaming.config import ConfigError, ServerConfig, load, merged
 from streaming.permissions import Permissions, Rule
@@ -278,3 +282,35 @@ async def test_a_users_permissions_hold_on_the_http_doors(tmp_path: Path) -> Non
         answers = (await http.post("/cometd", json=batch)).json()
         assert [a.get("error") for a in answers] == ["403::publish_denied", "403::subscribe_denied", None]
         assert server.store.channel_info("billing") is None
+
+
+def test_nats_py_with_an_nkey(tmp_path: Path) -> None:
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    public = nkeys.from_seed(bytearray(seed)).public_key.decode()
+    other = nkeys.from_seed(bytearray(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)))
+    path = tmp_path / "server.toml"
+    path.write_text(f'store = "memory"\n[[users]]\nnkey = "{public}"\n')
+
+    async def scenario(port: int) -> None:
+        nc = await nats.connect(f"nats://127.0.0.1:{port}", nkeys_seed_str=seed.decode(), allow_reconnect=False)
+        try:
+            sub = await nc.subscribe("signed")
+            await nc.publish("signed", b"by nkey")
+            assert (await sub.next_msg(timeout=2)).data == b"by nkey"
+        finally:
+            await nc.close()
+
+    async def forged(port: int) -> list[bytes]:
+        """Another key's signature of the nonce, under this user's public nkey."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        info = json.loads((await reader.readline()).split(b" ", 1)[1])
+        sig = base64.urlsafe_b64encode(other.sign(info["nonce"].encode())).decode().rstrip("=")
+        writer.write(b"CONNECT %s\r\nPING\r\n" % json.dumps({"nkey": public, "sig": sig}).encode())
+        lines = [await reader.readline(), await reader.readline()]
+        writer.close()
+        return lines
+
+    with server_process("-c", str(path)) as server:
+        asyncio.run(scenario(server.port))
+        assert asyncio.run(forged(server.port))[0] == b"-ERR 'Authorization Violation'\r\n"
+    assert public_nkey(public) is not None and public_nkey(public[:-1] + "A") is None, "the CRC guards the key"
