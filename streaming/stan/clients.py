@@ -59,7 +59,7 @@ class Clients:
         self.by_conn_id: dict[bytes, Client] = {}  # read it, never write it (publishes look here)
         self._by_hb_inbox: dict[str, Client] = {}
         self._reply_prefix = f"_STAN.srv.{config.cluster_id}.{nuid()}"
-        self._replies: dict[str, trio.MemorySendChannel[bytes]] = {}
+        self._replies: dict[str, tuple[trio.MemorySendChannel[bytes], Client]] = {}
         self._jitter = random.Random()
         self._nursery: trio.Nursery | None = None
 
@@ -148,7 +148,7 @@ class Clients:
                 return errors.CLIENT_ALREADY_REGISTERED
             existing.checking = True
             try:
-                alive = await self.request(existing.record.hb_inbox, b"", self.config.dup_check_timeout_s)
+                alive = await self.probe(existing, self.config.dup_check_timeout_s)
             finally:
                 existing.checking = False
             if alive is not None or self._by_id.get(client_id) is not existing:
@@ -190,15 +190,18 @@ class Clients:
 
     # -- heartbeats and pings --------------------------------------------------------------------
 
-    async def request(self, subject: str, payload: bytes, wait: float) -> bytes | None:
-        """Request/reply from the server to a client; None after `wait` s or with no interest."""
+    async def probe(self, client: Client, wait: float) -> bytes | None:
+        """A heartbeat: request/reply to the client's heartbeat inbox; None after `wait` s or with no
+        interest. Only an answer from the connection the client is bound to counts: while it is
+        unbound (its connection went), whoever else subscribes to its inbox cannot keep it alive."""
+        subject = client.record.hb_inbox
         if not self._broker.has_interest(subject):
             return None  # no responders: answered at once (the embedded broker knows)
         token = nuid()
         send, receive = trio.open_memory_channel[bytes](1)
-        self._replies[token] = send
+        self._replies[token] = (send, client)
         try:
-            for pending in self._broker.publish(subject, payload, reply=f"{self._reply_prefix}.{token}"):
+            for pending in self._broker.publish(subject, b"", reply=f"{self._reply_prefix}.{token}"):
                 await pending
             with trio.move_on_after(wait):
                 return await receive.receive()
@@ -207,10 +210,15 @@ class Clients:
             del self._replies[token]
 
     def _on_reply(self, subject: str, reply: str, payload: bytes) -> None:
-        channel = self._replies.get(subject.rsplit(".", 1)[-1])
-        if channel is not None:
-            with contextlib.suppress(trio.WouldBlock):  # a second answer to one heartbeat
-                channel.send_nowait(payload)
+        waiting = self._replies.get(subject.rsplit(".", 1)[-1])
+        if waiting is None:
+            return
+        channel, client = waiting
+        if self._broker.sender != client.conn:
+            log.info("ignored a heartbeat answer for client %r from another connection", client.record.client_id)
+            return
+        with contextlib.suppress(trio.WouldBlock):  # a second answer to one heartbeat
+            channel.send_nowait(payload)
 
     async def _heartbeat(self, client: Client) -> None:
         """One task per client: probe its heartbeat inbox, close it after too many failures."""
@@ -231,7 +239,7 @@ class Clients:
                     # heartbeat has to be answered.
                     with trio.move_on_after(cfg.hb_timeout_s):
                         await self._broker.wait_interest([hb_inbox])
-                answer = await self.request(hb_inbox, b"", cfg.hb_timeout_s)
+                answer = await self.probe(client, cfg.hb_timeout_s)
                 if answer is not None:
                     if client.failures:
                         client.failures = 0

@@ -263,6 +263,7 @@ class EngineMachine(RuleBasedStateMachine):
         else:
             self.h.engine.unsubscribe(sub_id, self.h.now)
         self.h.collect()
+        self._forget_windows()
         kept = record.is_durable and how == "close" and (not record.queue_group or last_member)
         if record.queue_group and not last_member:
             return  # the group lives on in the other members
@@ -283,9 +284,18 @@ class EngineMachine(RuleBasedStateMachine):
                 doomed.append(owner)
         self.h.drop_client(client)
         self.h.client(client)
+        self._forget_windows()
         self.hb_failed.discard(client)
         for owner in doomed:
             self._forget_owner(owner)
+
+    def _forget_windows(self) -> None:
+        """A subscription that went offline has no window: a durable taken up again (the same id)
+        gets its MaxInflight, or what its new door opens."""
+        engine = self.h.engine
+        self.model.window = {
+            s: w for s, w in self.model.window.items() if engine.has_subscription(s) and engine.is_online(s)
+        }
 
     @rule(client=st.sampled_from(["c1", "c2"]), failed=st.booleans())
     def heartbeat(self, client: str, failed: bool) -> None:

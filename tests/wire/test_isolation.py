@@ -6,8 +6,10 @@ tests read from the server). Each attack fails for the attacker and the victim k
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
+import nats
 import pytest
 import trio
 
@@ -15,7 +17,8 @@ from streaming.client import StanClient, StartPosition, connect
 from streaming.running import Running
 from streaming.wire import nats as p
 from streaming.wire.stan_pb import protocol_pb2 as pb
-from tests.wire.servers import RawClient, config, running
+from tests.wire.servers import RawClient, config, running, server_process
+from tests.wire.test_peers import node, run_node
 
 CLUSTER = "test-cluster"
 
@@ -168,3 +171,31 @@ async def test_acks_from_another_connection_are_not_taken(server: Running) -> No
             again = await sub.next_msg()  # AckWait passed: the attacker's ack was not taken
         assert (again.seq, again.redelivered) == (first.seq, True)
         again.ack()
+
+
+@node
+def test_nats_py_subscribed_to_everything_sees_nothing_of_a_node_stan_client() -> None:
+    """A real client as the attacker (nats-py: `>` and `_STAN.>`), a real STAN client as the victim."""
+
+    async def scenario(port: int) -> None:
+        errors: list[str] = []
+
+        async def on_error(exc: Exception) -> None:
+            errors.append(str(exc))
+
+        nc = await nats.connect(f"nats://127.0.0.1:{port}", error_cb=on_error, allow_reconnect=False)
+        try:
+            everything = await nc.subscribe(">")
+            await nc.subscribe("_STAN.>")
+            await nc.flush()
+            victim = await asyncio.to_thread(run_node, "publish", port, "victim.channel")
+            assert victim["published"] == 20, "the victim's publishes were all acknowledged"
+            await nc.flush()
+            await asyncio.sleep(0.2)
+            assert everything.pending_msgs == 0, "the attacker saw the victim's traffic"
+            assert any("permissions violation for subscription" in e.lower() for e in errors), errors
+        finally:
+            await nc.close()
+
+    with server_process("--store", "memory") as server:
+        asyncio.run(scenario(server.port))
