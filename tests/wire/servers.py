@@ -194,3 +194,13 @@ async def eventually(predicate: Any, within: float = 5.0) -> None:
     with trio.fail_after(within):
         while not predicate():  # noqa: ASYNC110 - see the docstring
             await trio.sleep(0.01)
+
+
+async def nats_py_round_trip(nc: Any, subject: str, payload: bytes) -> None:
+    """With a connected nats-py client: subscribe, publish, get it back; then close the client."""
+    try:
+        sub = await nc.subscribe(subject)
+        await nc.publish(subject, payload)
+        assert (await sub.next_msg(timeout=2)).data == payload
+    finally:
+        await nc.close()

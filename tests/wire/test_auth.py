@@ -28,7 +28,7 @@ from streaming.client import NatsError, StanError, StartPosition, connect
 from streaming.config import ConfigError, ServerConfig, load, merged
 from streaming.permissions import Permissions, Rule
 from streaming.wire import nats as p
-from tests.wire.servers import RawClient, config, running, server_process
+from tests.wire.servers import RawClient, config, nats_py_round_trip, running, server_process
 from tests.wire.test_peers import node, run_node
 
 CLUSTER = "test-cluster"
@@ -133,12 +133,7 @@ async def test_a_bcrypt_check_does_not_hold_up_the_server() -> None:
 def test_nats_py_with_a_token() -> None:
     async def scenario(port: int) -> None:
         nc = await nats.connect(f"nats://127.0.0.1:{port}", token="t0ken", allow_reconnect=False)
-        try:
-            sub = await nc.subscribe("greet")
-            await nc.publish("greet", b"hello")
-            assert (await sub.next_msg(timeout=2)).data == b"hello"
-        finally:
-            await nc.close()
+        await nats_py_round_trip(nc, "greet", b"hello")
         with pytest.raises(Exception, match=r"(?i)authorization"):
             await nats.connect(
                 f"nats://127.0.0.1:{port}", token="wrong", allow_reconnect=False, max_reconnect_attempts=0
@@ -308,12 +303,7 @@ def test_nats_py_with_an_nkey(tmp_path: Path) -> None:
 
     async def scenario(port: int) -> None:
         nc = await nats.connect(f"nats://127.0.0.1:{port}", nkeys_seed_str=seed.decode(), allow_reconnect=False)
-        try:
-            sub = await nc.subscribe("signed")
-            await nc.publish("signed", b"by nkey")
-            assert (await sub.next_msg(timeout=2)).data == b"by nkey"
-        finally:
-            await nc.close()
+        await nats_py_round_trip(nc, "signed", b"by nkey")
 
     async def forged(port: int) -> list[bytes]:
         """Another key's signature of the nonce, under this user's public nkey."""
