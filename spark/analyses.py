@@ -5,6 +5,11 @@ plain subscription; a "redelivery" is a delivery for any reason but `new`."""
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
 import attrs
 from pyspark.sql import Column, DataFrame, GroupedData, Window
 from pyspark.sql import functions as F
@@ -189,26 +194,53 @@ def poison(events: DataFrame, s: Settings, end_us: int) -> DataFrame:
 
 def buckets(events: DataFrame, s: Settings) -> DataFrame:
     """Redeliveries (and deliveries) per consumer per `bucket_s`, with the empty buckets between a
-    consumer's first and last delivery filled in, the rolling-median baseline and whether it is hot."""
+    consumer's first and last delivery filled in, the baseline and whether the bucket is hot.
+
+    The baseline is the median of the `storm_baseline_buckets` latest *calm* buckets: a hot bucket
+    never becomes part of it, so a storm is measured against the traffic from before it however long
+    it lasts (a rolling median over every bucket would learn the storm and end it after half its
+    window). Before a consumer's first delivery its buckets count as quiet (no redeliveries), so a
+    storm from its first seconds is measured against quiet. A bucket with no delivery at all (the
+    server down for a restart) says nothing: inside an episode it carries the episode on (`carried`),
+    and it never enters the baseline."""
     d = deliveries(events).withColumn("bucket", F.floor(F.col("ts") / F.lit(s.bucket_us)).cast("long"))
     counts = d.groupBy(*KEY, "bucket").agg(F.count("*").alias("deliveries"), F.sum(_redelivery()).alias("redeliveries"))
     span = counts.groupBy(*KEY).agg(F.min("bucket").alias("lo"), F.max("bucket").alias("hi"))
-    # The grid starts a baseline's length before the first delivery, as quiet buckets: before a
-    # consumer existed nothing was redelivered to it, so a storm from its first seconds (the usual
-    # case: a backlog sent at once) is measured against quiet, not against itself.
-    grid = span.select(*KEY, "lo", F.explode(F.sequence(F.col("lo") - s.storm_baseline_buckets, "hi")).alias("bucket"))
-    dense = grid.join(counts, [*KEY, "bucket"], "left").fillna(0, ["deliveries", "redeliveries"])
-    before = Window.partitionBy(*KEY).orderBy("bucket").rowsBetween(-s.storm_baseline_buckets, -1)
-    threshold = F.greatest(
-        F.lit(s.storm_k) * F.coalesce(F.col("baseline"), F.lit(0.0)), F.lit(s.storm_min_redeliveries)
+    grid = span.select(*KEY, F.explode(F.sequence(F.col("lo"), F.col("hi"))).alias("bucket"))
+    dense = (
+        grid.join(counts, [*KEY, "bucket"], "left")
+        .fillna(0, ["deliveries", "redeliveries"])
+        .select(*KEY, "bucket", F.col("deliveries").cast("long"), F.col("redeliveries").cast("long"))
     )
-    return (
-        dense.withColumn("baseline", _percentile("redeliveries", 0.5).over(before))
-        .filter(F.col("bucket") >= F.col("lo"))
-        .drop("lo")
-        .withColumn("threshold", threshold)
-        .withColumn("hot", F.col("redeliveries") > F.col("threshold"))
-        .withColumn("bucket_start_us", F.col("bucket") * F.lit(s.bucket_us))
+    schema = "channel string, consumer string, bucket long, deliveries long, redeliveries long, " + (
+        "baseline double, threshold double, hot boolean, carried boolean"
+    )
+    rule = (s.storm_baseline_buckets, s.storm_k, s.storm_min_redeliveries)
+
+    # Defined here, not at module level, so that Spark ships it to executors by value: a cluster's
+    # workers need not have this package installed.
+    def scan(rows: Iterable[Any], rule: tuple[int, float, int]) -> list[tuple[Any, ...]]:
+        """One consumer's buckets in order, each with its baseline (median of the latest calm buckets),
+        threshold and hot flag (see `buckets`)."""
+        length, k, least = rule
+        calm: deque[int] = deque([0] * length, maxlen=length)
+        out: list[tuple[Any, ...]] = []
+        in_storm = False
+        for r in sorted(rows, key=lambda r: r[2]):
+            channel, consumer, bucket, delivered, redelivered = r
+            baseline = float(statistics.median(calm))
+            threshold = max(k * baseline, float(least))
+            carried = delivered == 0 and in_storm
+            hot = carried or redelivered > threshold
+            if not hot and delivered:
+                calm.append(redelivered)
+            in_storm = hot
+            out.append((channel, consumer, bucket, delivered, redelivered, baseline, threshold, hot, carried))
+        return out
+
+    scanned = dense.rdd.map(lambda r: ((r[0], r[1]), r)).groupByKey().flatMap(lambda kv: scan(kv[1], rule))
+    return dense.sparkSession.createDataFrame(scanned, schema).withColumn(
+        "bucket_start_us", F.col("bucket") * F.lit(s.bucket_us)
     )
 
 
@@ -222,8 +254,8 @@ def episodes(events: DataFrame, bucketed: DataFrame, s: Settings) -> DataFrame:
         .groupBy(*KEY, "run")
         .agg(
             F.min("bucket").alias("first_bucket"),
-            F.max("bucket").alias("last_bucket"),
-            F.count("*").alias("buckets"),
+            F.max(F.when(~F.col("carried"), F.col("bucket"))).alias("last_bucket"),  # not a trailing gap
+            F.sum(F.when(F.col("carried"), 0).otherwise(1)).alias("buckets"),
             F.max("redeliveries").alias("peak_redeliveries"),
             F.sum("redeliveries").alias("redeliveries"),
         )

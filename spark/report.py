@@ -105,6 +105,27 @@ def plot_handler_times(handled: list[dict[str, Any]], fit: list[dict[str, Any]],
     _finish(fig, ax, path, "Handler time (as the server sees it) against AckWait", legend=bool(by))
 
 
+def recommend(episode: dict[str, Any], fit: list[dict[str, Any]]) -> str:
+    """What to change so that a storm like this one does not come back, from its dominant reason and
+    its consumer's AckWait fit."""
+    mine = next((f for f in fit if (f["channel"], f["consumer"]) == (episode["channel"], episode["consumer"])), None)
+    reason = episode.get("dominant_reason")
+    if reason == "ack_timeout":
+        if mine is not None and mine.get("flagged"):
+            inflight = mine.get("recommended_max_inflight")
+            smaller = f", or MaxInflight {inflight} or less" if inflight else ""
+            return (
+                f"handlers outlast AckWait (p99 {mine['handler_p99_s']:.3g} s against {mine['ack_wait_s']:g} s): "
+                f"AckWait {mine['recommended_ack_wait_s']:g} s{smaller}; or have handlers send ack-progress"
+            )
+        return "messages outlived AckWait: raise AckWait, lower MaxInflight, or send ack-progress while working"
+    if reason == "member_left":
+        return "members left with messages in flight: turn on MaxInflight for redeliveries so the rest are not flooded"
+    if reason in ("restart", "resume"):
+        return "pending messages came back after a restart or resume: a lower MaxInflight bounds how many"
+    return "look at the redelivery mix of this consumer"
+
+
 def _table(records: list[dict[str, Any]], columns: list[str]) -> str:
     if not records:
         return "_none_\n"
@@ -133,9 +154,11 @@ def write(out: Path, summary: dict[str, Any], plots: dict[str, str]) -> None:
         "",
         f"A {summary['settings']['bucket_s']:g} s bucket is hot when its redeliveries exceed "
         f"{summary['settings']['storm_k']:g} x the median of the "
-        f"{summary['settings']['storm_baseline_buckets']} buckets before it (and "
-        f"{summary['settings']['storm_min_redeliveries']}); an episode is "
-        f"{summary['settings']['storm_min_buckets']} or more hot buckets in a row.",
+        f"{summary['settings']['storm_baseline_buckets']} latest calm buckets before it (and "
+        f"{summary['settings']['storm_min_redeliveries']}): hot buckets never join that baseline, so a storm is "
+        "measured against the traffic from before it however long it lasts. An episode is "
+        f"{summary['settings']['storm_min_buckets']} or more hot buckets in a row; a bucket with no delivery "
+        "at all (a restart) carries an episode on.",
         "",
         _table(
             summary["storm_episodes"],
@@ -148,6 +171,7 @@ def write(out: Path, summary: dict[str, Any], plots: dict[str, str]) -> None:
                 "redeliveries",
                 "amplification",
                 "dominant_reason",
+                "recommendation",
             ],
         ),
         f"![redeliveries over time]({plots['redeliveries']})",

@@ -111,6 +111,8 @@ def analyse(spark: SparkSession, inputs: Sequence[str | Path], out: Path, s: Set
         "status": report.rows(small["status"].orderBy("channel", "consumer")),
         "restarts": report.rows(small["restarts"].orderBy("start_us")),
     }
+    for episode in episodes:
+        episode["recommendation"] = report.recommend(episode, summary["ack_wait_fit"])
     plots = {"redeliveries": "redeliveries.png", "attempts": "attempts.png", "handler_times": "handler_times.png"}
     report.plot_redeliveries(report.rows(small["buckets"]), episodes, out / plots["redeliveries"], s.bucket_s)
     report.plot_attempts(report.rows(small["attempts"]), out / plots["attempts"])
