@@ -331,7 +331,7 @@ class Broker:
 
     def _receivers(self, subject: str, origin: Connection | None) -> int:
         """Which remote subscriptions a message to `subject` may reach (see `_ANYONE`)."""
-        if subject.startswith(self._internal) and not subject.startswith(_CLIENT_SPACE):
+        if self.internal(subject):
             return _NOBODY
         owner = self._reserved.get(subject)
         if owner is None:
@@ -376,9 +376,10 @@ class Broker:
         only to that connection (an answer to the request it sent)."""
         if to:
             conn = self._conns.get(to)
-            for sub in self._sublist.match(subject):
-                if sub.conn is conn and conn is not None and not self.internal(subject):
-                    self._send(sub, conn, subject, reply, payload)
+            if conn is not None and not self.internal(subject):
+                for sub in self._sublist.match(subject):
+                    if sub.conn is conn:
+                        self._send(sub, conn, subject, reply, payload)
             return _NO_WAITS
         return self._route(subject, reply, payload, None)
 

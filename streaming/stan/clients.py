@@ -56,7 +56,7 @@ class Clients:
         self._broker = broker
         self._core = core
         self._by_id: dict[str, Client] = {}
-        self.by_conn_id: dict[bytes, Client] = {}  # read it, never write it (publishes look here)
+        self.by_conn_id: dict[bytes, Client] = {}
         self._by_hb_inbox: dict[str, Client] = {}
         self._reply_prefix = f"_STAN.srv.{config.cluster_id}.{nuid()}"
         self._replies: dict[str, tuple[trio.MemorySendChannel[bytes], Client]] = {}

@@ -209,9 +209,7 @@ class StanServer:
         conn_id = message.connID  # each field is read once: a read builds a new object each time
         clients = self.clients
         if conn_id:  # the connID proves who it is: a client that came back on a new connection moves
-            client = clients.by_conn_id.get(conn_id)
-            if client is not None and client.conn != sender and sender:
-                clients.bind(client, sender)
+            client = clients.proven(conn_id, sender)
         else:  # a client without a connID (protocol 0) is known by its client ID and connection
             client = clients.acting_for(message.clientID, sender)
             if client is not None and client.record.conn_id:
