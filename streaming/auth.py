@@ -21,12 +21,14 @@ from typing import Any
 import attrs
 import bcrypt
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from streaming.permissions import Compiled, Permissions
 
 _BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
 _NKEY_USER = 20 << 3  # the prefix byte of a user's public nkey ("U...")
+_NKEY_SEED = 18 << 3  # a seed's first five bits ("S..."); the next ten say whose seed it is
 
 
 @attrs.frozen
@@ -123,9 +125,39 @@ def public_nkey(nkey: str) -> bytes | None:
         raw = base64.b32decode(nkey + "=" * (-len(nkey) % 8))
     except (binascii.Error, ValueError):
         return None
-    if len(raw) != 35 or raw[0] != _NKEY_USER or binascii.crc_hqx(raw[:-2], 0) != int.from_bytes(raw[-2:], "little"):
+    if len(raw) != 35 or raw[0] != _NKEY_USER or not _crc_ok(raw):
         return None
     return raw[1:-2]
+
+
+def _crc_ok(raw: bytes) -> bool:
+    return binascii.crc_hqx(raw[:-2], 0) == int.from_bytes(raw[-2:], "little")
+
+
+def _encoded(raw: bytes) -> str:
+    return base64.b32encode(raw + binascii.crc_hqx(raw, 0).to_bytes(2, "little")).decode().rstrip("=")
+
+
+class NkeySeed:
+    """A user's nkey seed (`S...`, as `nk -gen user` writes it): its public nkey, and signatures of the
+    nonces a server's INFO gives, for connecting to a NATS server that knows the user by its nkey."""
+
+    def __init__(self, seed: str) -> None:
+        text = seed.strip()
+        try:
+            raw = base64.b32decode(text + "=" * (-len(text) % 8))
+        except (binascii.Error, ValueError):
+            raw = b""
+        valid = len(raw) == 36 and raw[0] & 0xF8 == _NKEY_SEED and _crc_ok(raw)
+        if not valid or ((raw[0] & 7) << 5 | raw[1] >> 3) != _NKEY_USER:
+            raise ValueError("not a user's nkey seed (SU...)")
+        self._key = Ed25519PrivateKey.from_private_bytes(raw[2:34])
+        public = self._key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        self.public = _encoded(bytes([_NKEY_USER]) + public)
+
+    def sign(self, nonce: str) -> str:
+        """The signature of `nonce` as a CONNECT carries it (URL-safe base64, unpadded)."""
+        return base64.urlsafe_b64encode(self._key.sign(nonce.encode())).decode().rstrip("=")
 
 
 def _signed(nkey: str, signature: object, nonce: str) -> bool:

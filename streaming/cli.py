@@ -20,6 +20,8 @@ import trio
 
 from storage import DamagedStoreError, StoreError
 from streaming.config import ConfigError, ServerConfig, load, merged, parse_bool, parse_duration, parse_size
+from streaming.stan.nats_link import LinkError
+from streaming.stan.partitions import PartitionConflict
 from streaming.tls import TlsError, server_context
 
 log = logging.getLogger("streaming")
@@ -45,6 +47,29 @@ def _server_parser() -> argparse.ArgumentParser:
     net("--max_pending", type=size, help="bytes queued for a client before it is cut off as slow (default 64MB)")
     net("--write_deadline", type=dur, help="a client must take a write within this (default 10s)")
     net("--connect_timeout", type=dur, help="a connection must send CONNECT within this (default 2s)")
+    net("--server_name", help="this server's name in monitoring, metrics and logs (default streaming-server)")
+    ext = parser.add_argument_group("external NATS cluster and partitioning (docs/scale-out.md)").add_argument
+    ext(
+        "-ns",
+        "--nats_server",
+        metavar="URLS",
+        help="attach to this NATS server or cluster (nats://[user:pass@]host:port, comma-separated) "
+        "instead of the embedded broker",
+    )
+    ext("--nats_user", help="user for the NATS cluster (with --nats_pass)")
+    ext("--nats_pass", dest="nats_password", metavar="PASSWORD", help="its password")
+    ext("--nats_token", metavar="TOKEN", help="token for the NATS cluster")
+    ext("--nats_nkey_seed", metavar="FILE", help="file holding the nkey seed (SU...) to log in to the NATS cluster")
+    ext("--tls_client_cert", metavar="FILE", help="client certificate (PEM) for a NATS cluster that requires TLS")
+    ext("--tls_client_key", metavar="FILE", help="its private key (PEM)")
+    ext("--tls_client_cacert", metavar="FILE", help="CAs of the NATS cluster's certificates (default: the system's)")
+    ext(
+        "--partitioning",
+        action="store_const",
+        const=True,
+        help="own only the channels of the config file's [channels] (wildcards allowed); other servers with "
+        "this cluster ID on the same NATS cluster own the rest",
+    )
     auth = parser.add_argument_group("authentication (as nats-server's)").add_argument
     auth("--auth", dest="auth_token", metavar="TOKEN", help="clients must give this token (CONNECT auth_token)")
     auth("--user", help="clients must give this user and --pass (more users: [[users]] in the config file)")
@@ -178,7 +203,7 @@ def server_main(argv: list[str] | None = None) -> int:
     failed = False
     try:
         trio.run(_run_server, config)
-    except* (StoreError, OSError) as group:
+    except* (StoreError, OSError, ConfigError, LinkError, PartitionConflict, TlsError) as group:
         for error in _leaves(group):
             if isinstance(error, DamagedStoreError):
                 log.error("cannot start: %s; %s", error, _way_forward(config.dir))
@@ -261,8 +286,13 @@ async def _run_server(config: ServerConfig) -> None:
                     "a machine crash can lose that much and damage the store",
                     config.sync_interval,
                 )
-            # Tests and scripts wait for this exact line (nats-server prints the same).
-            log.info("Listening for client connections on %s:%d", config.host, running.port)
+            if config.nats_server:
+                owned = ", ".join(running.partition.patterns) if running.partition is not None else "all"
+                # Tests and scripts wait for this line.
+                log.info("Serving STAN clients through the NATS cluster at %s (channels: %s)", running.bus.url, owned)
+            else:
+                # Tests and scripts wait for this exact line (nats-server prints the same).
+                log.info("Listening for client connections on %s:%d", config.host, running.port)
             async for signum in signals:
                 log.info("received %s: shutting down", signal.Signals(signum).name)
                 nursery.cancel_scope.cancel()

@@ -21,6 +21,7 @@ from storage import VERIFY_MODES, ChannelLimits, StoreLimits
 from streaming.auth import Authenticator, User
 from streaming.permissions import Permissions, Rule
 from streaming.tls import TlsFiles
+from streaming.wire.urls import parse_urls
 
 Duration = NewType("Duration", float)
 Size = NewType("Size", int)
@@ -189,6 +190,20 @@ class ServerConfig:
     tls_key: str = ""
     tls_ca_cert: str = ""
     tls_verify: bool = False
+    # An external NATS server or cluster instead of the embedded broker (comma-separated URLs, credentials
+    # allowed in them), as nats-streaming-server's `nats_server_url`; and how this server logs in there.
+    nats_server: str = ""
+    nats_user: str = ""
+    nats_password: str = ""
+    nats_token: str = ""
+    nats_nkey_seed: str = ""  # a file holding the user's nkey seed (SU...)
+    tls_client_cert: str = ""  # a client certificate (PEM) for a cluster that requires TLS, and its key
+    tls_client_key: str = ""
+    tls_client_cacert: str = ""  # the CAs that sign the cluster's certificates (default: the system's)
+    # With nats_server: own only the channels [channels] names (wildcards allowed), beside other
+    # servers with the same cluster ID that own the rest (docs/scale-out.md).
+    partitioning: bool = False
+    server_name: str = "streaming-server"  # in monitoring, metrics and partition conflicts
     allow_ms_ack_wait: bool = False  # test-only: a negative ackWaitInSecs means milliseconds
     log_level: str = "info"
     event_log: str = ""  # directory for the delivery event log (JSON Lines); empty = off
@@ -242,6 +257,21 @@ class ServerConfig:
             raise ConfigError(f"authentication: {exc}") from None
         if self.connect_timeout < 0:
             raise ConfigError(f"connect_timeout must be >= 0 (0: no limit), got {self.connect_timeout}")
+        if self.nats_server:
+            try:
+                parse_urls(self.nats_server)
+            except ValueError as exc:
+                raise ConfigError(f"nats_server: {exc}") from None
+        if self.partitioning and not self.nats_server:
+            raise ConfigError("partitioning needs nats_server: the servers sharing the channels meet in that cluster")
+        if self.partitioning and not self.channels:
+            raise ConfigError('partitioning needs the channels this server owns: [channels."NAME"] tables')
+        if bool(self.tls_client_cert) != bool(self.tls_client_key):
+            raise ConfigError("tls_client_cert and tls_client_key go together")
+        if bool(self.nats_user) != bool(self.nats_password):
+            raise ConfigError("nats_user and nats_password go together")
+        if not self.server_name or any(c.isspace() for c in self.server_name):
+            raise ConfigError(f"server_name: expected a name without spaces, got {self.server_name!r}")
         if self.hb_fail_count < 0 or self.max_payload <= 0 or self.max_pending <= 0:
             raise ConfigError("hb_fail_count must be >= 0; max_payload and max_pending must be positive")
         self.store_limits()

@@ -240,8 +240,16 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         running = self.running
-        stan, store, broker = running.stan, running.store, running.broker
+        stan, store, broker = running.stan, running.store, running.bus
         yield GaugeMetricFamily(f"{PREFIX}_clients", "Registered STAN clients", value=len(stan.clients.records()))
+        server = GaugeMetricFamily(
+            f"{PREFIX}_server_info",
+            "This server: its name, the NATS URL it serves on or is attached to, the channels it owns",
+            labels=["server_name", "cluster_id", "nats_url", "channels_owned"],
+        )
+        owned = ",".join(running.partition.patterns) if running.partition is not None else "*"
+        server.add_metric([running.server_name, stan.config.cluster_id, broker.url, owned], 1)
+        yield server
 
         views = running.core.engine.views() if running.core.ready.is_set() else []
         subs = GaugeMetricFamily(f"{PREFIX}_subscriptions", "Subscriptions", labels=["state"])

@@ -29,6 +29,7 @@ from streaming.core.engine import SubscriptionView
 from streaming.http_listener import serve_asgi
 from streaming.metrics import Metrics, version
 from streaming.running import Running
+from streaming.stan.broker import Broker
 from streaming.tls import TlsFiles
 
 log = logging.getLogger(__name__)
@@ -128,9 +129,15 @@ class Monitor:
     def _head(self) -> dict[str, Any]:
         return {
             "cluster_id": self.running.stan.config.cluster_id,
-            "server_id": self.running.broker.server_id,
+            "server_id": self.running.bus.server_id,
             "now": _rfc3339(time.time()),
         }
+
+    def _hide_inboxes(self) -> bool:
+        """Inboxes are secrets where clients are authenticated; on an external cluster this server
+        cannot tell whether they are, so they are hidden there."""
+        bus = self.running.bus
+        return bus.auth.required or not isinstance(bus, Broker)
 
     def _views(self) -> list[SubscriptionView]:
         core = self.running.core
@@ -147,7 +154,7 @@ class Monitor:
     async def serverz(self, request: Request) -> Response:
         running = self.running
         channels = running.store.channels()
-        broker = running.broker.statistics()
+        broker = running.bus.statistics()
         try:
             open_fds = len(os.listdir("/proc/self/fd"))
         except OSError:
@@ -170,6 +177,10 @@ class Monitor:
                 "in_bytes": broker.in_bytes,
                 "out_msgs": broker.out_msgs,
                 "out_bytes": broker.out_bytes,
+                "server_name": running.server_name,
+                "nats_url": running.bus.url,  # the embedded broker's, or the cluster node attached to
+                "partitioned": running.partition is not None,
+                "channels_owned": list(running.partition.patterns) if running.partition is not None else None,
                 "open_fds": open_fds,
                 "max_fds": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
             }
@@ -212,7 +223,7 @@ class Monitor:
         subs = _flag(request, "subs")
         views = self._views() if subs else []
         clients = sorted(self.running.stan.clients.records(), key=lambda c: c.client_id)
-        hide = self.running.broker.auth.required
+        hide = self._hide_inboxes()
 
         def client_json(client_id: str, hb_inbox: str) -> dict[str, Any]:
             out: dict[str, Any] = _private({"id": client_id, "hb_inbox": hb_inbox}, hide)
@@ -258,7 +269,7 @@ class Monitor:
                 "last_seq": info.last_seq,
             }
             if subs:
-                hide = self.running.broker.auth.required
+                hide = self._hide_inboxes()
                 out["subscriptions"] = [subz(v, hide) for v in views if v.record.channel == info.name]
             return out
 

@@ -10,6 +10,8 @@ from streaming.core.service import Core
 from streaming.event_log import EventLog
 from streaming.pull.door import PullDoor
 from streaming.stan.broker import Broker
+from streaming.stan.bus import Bus
+from streaming.stan.partitions import Partition
 from streaming.stan.server import StanServer
 
 
@@ -17,8 +19,8 @@ from streaming.stan.server import StanServer
 class Running:
     """What `serve` hands to `task_status.started`."""
 
-    port: int
-    broker: Broker
+    port: int  # the embedded broker's (0 with an external NATS cluster)
+    bus: Bus  # the embedded broker, or the link to an external NATS cluster
     core: Core
     stan: StanServer
     store: Store
@@ -27,3 +29,11 @@ class Running:
     bayeux: BayeuxDoor | None = None  # the Bayeux door, when the HTTP client port is on
     pull: PullDoor | None = None  # the HTTP pull door, likewise
     http_api_port: int = 0  # the HTTP client port (Bayeux), when one is served
+    server_name: str = "streaming-server"
+    partition: Partition | None = None  # the channels it owns, when partitioned
+
+    @property
+    def broker(self) -> Broker:
+        """The embedded broker (for tests of it; monitoring uses `bus`)."""
+        assert isinstance(self.bus, Broker), "this server is attached to an external NATS cluster"
+        return self.bus

@@ -1,6 +1,8 @@
 """The whole server in one call: `serve(config)` opens the store, recovers the delivery core, opens the
-front doors (STAN over the embedded NATS broker; Bayeux and the HTTP pull API when `http_api_port` is
-set) and the monitoring port, and runs until cancelled (then flushes and closes the store).
+front doors (STAN over the embedded NATS broker, or over a link to an external NATS cluster with
+`nats_server`, there owning only its partition's channels with `partitioning`; Bayeux and the HTTP
+pull API when `http_api_port` is set) and the monitoring port, and runs until cancelled (then flushes
+and closes the store).
 
 Tests run it in a nursery on port 0: `port = await nursery.start(serve, config)`.
 """
@@ -16,10 +18,11 @@ from starlette.applications import Starlette
 
 from storage import Store, StoreError, open_store
 from streaming import http_auth
+from streaming.auth import NkeySeed
 from streaming.bayeux.door import BayeuxDoor
 from streaming.bayeux.http import BayeuxApp
 from streaming.bayeux.protocol import BayeuxSettings
-from streaming.config import ServerConfig
+from streaming.config import ConfigError, ServerConfig
 from streaming.core.observers import Fanout
 from streaming.core.service import Core
 from streaming.core.store_calls import call_store
@@ -32,9 +35,13 @@ from streaming.pull.http import PullApp
 from streaming.pull.protocol import PullSettings
 from streaming.running import Running
 from streaming.stan.broker import Broker, BrokerConfig
+from streaming.stan.bus import Bus
 from streaming.stan.config import StanConfig
+from streaming.stan.nats_link import LinkOptions, NatsLink
+from streaming.stan.partitions import Claims, Partition
 from streaming.stan.server import StanServer
-from streaming.tls import server_context
+from streaming.tls import client_context, server_context
+from streaming.wire.urls import parse_urls
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +56,31 @@ def broker_config(config: ServerConfig) -> BrokerConfig:
         ping_interval_s=config.ping_interval,
         max_pings_out=config.max_pings_out,
         connect_timeout_s=config.connect_timeout,
+        server_name=config.server_name,
+    )
+
+
+def link_options(config: ServerConfig) -> LinkOptions:
+    """How to reach and log in to the external NATS cluster (ConfigError for unusable files)."""
+    seed = None
+    if config.nats_nkey_seed:
+        try:
+            seed = NkeySeed(Path(config.nats_nkey_seed).read_text())
+        except OSError as exc:
+            raise ConfigError(f"nats_nkey_seed: cannot read {config.nats_nkey_seed}: {exc.strerror}") from None
+        except ValueError as exc:
+            raise ConfigError(f"nats_nkey_seed: {config.nats_nkey_seed}: {exc}") from None
+    tls = None
+    if config.tls_client_cert or config.tls_client_cacert:
+        tls = client_context(config.tls_client_cert, config.tls_client_key, config.tls_client_cacert)
+    return LinkOptions(
+        parse_urls(config.nats_server),
+        name=config.server_name,
+        user=config.nats_user,
+        password=config.nats_password,
+        token=config.nats_token,
+        nkey_seed=seed,
+        tls=tls,
     )
 
 
@@ -100,8 +132,14 @@ async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] =
     )
     try:
         tls_files = config.tls_files()
-        tls = server_context(tls_files) if tls_files is not None else None
-        broker = Broker(broker_config(config), config.authenticator(), tls, tls_files is not None and tls_files.verify)
+        bus: Bus
+        if config.nats_server:
+            bus = link = NatsLink(link_options(config))
+        else:
+            tls = server_context(tls_files) if tls_files is not None else None
+            verify = tls_files is not None and tls_files.verify
+            bus = broker = Broker(broker_config(config), config.authenticator(), tls, verify)
+        partition = Partition(list(config.channels)) if config.partitioning else None
         metrics = Metrics() if config.http_port else None
         event_log = EventLog(Path(config.event_log), rotate_bytes=config.event_log_rotate) if config.event_log else None
         observers: list[Metrics | EventLog] = [o for o in (metrics, event_log) if o is not None]
@@ -112,7 +150,7 @@ async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] =
             observer=Fanout(list(observers)) if observers else None,
             recovery_hold_s=config.recovery_hold,
         )
-        stan = StanServer(stan_config(config), broker, core)
+        stan = StanServer(stan_config(config), bus, core, partition)
         bayeux = BayeuxDoor(core, bayeux_settings(config)) if config.http_api_port else None
         pull = PullDoor(core, pull_settings(config)) if config.http_api_port else None
         async with trio.open_nursery() as nursery:
@@ -121,9 +159,24 @@ async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] =
             if not store.synced:
                 nursery.start_soon(partial(sync_periodically, store, config.sync_interval, in_thread=True))
             await nursery.start(core.run)
-            await nursery.start(stan.run)
-            port = await nursery.start(broker.serve)
-            running = Running(port, broker, core, stan, store, event_log=event_log, bayeux=bayeux, pull=pull)
+            if config.nats_server:
+                port = await nursery.start(link.serve)
+                if partition is not None:
+                    # Before taking a channel's publishes: no other server of the cluster ID owns it.
+                    claims = Claims(link, config.cluster_id, config.server_name, partition)
+                    claims.start()
+                    await link.flush()
+                    await claims.check()
+                    link.add_topology_listener(claims.topology_changed)
+                    nursery.start_soon(claims.watch)
+                await nursery.start(stan.run)
+                await link.flush()  # its subscriptions are in place before it says it is ready
+            else:
+                await nursery.start(stan.run)
+                port = await nursery.start(broker.serve)
+            running = Running(port, bus, core, stan, store, event_log=event_log, bayeux=bayeux, pull=pull)
+            running.server_name = config.server_name
+            running.partition = partition
             if bayeux is not None and pull is not None:
                 await nursery.start(bayeux.run)
                 await nursery.start(pull.run)

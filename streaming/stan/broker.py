@@ -39,7 +39,7 @@ import secrets
 import ssl
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 import trio
@@ -47,6 +47,7 @@ import trio
 from streaming.auth import Authenticator
 from streaming.memory import release_freed_memory
 from streaming.permissions import Compiled
+from streaming.stan.bus import BusStatistics, Handler, SpanListener
 from streaming.wire import nats as p
 from streaming.wire.sockets import write_now
 from streaming.wire.subjects import Sublist, valid_literal, valid_subject
@@ -59,7 +60,6 @@ _ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, e
 _ACCEPT_RETRY_FIRST_S = 0.1
 _ACCEPT_RETRY_MAX_S = 1.0
 
-Handler = Callable[[str, str, bytes], Awaitable[None] | None]
 _NO_WAITS: list[Awaitable[None]] = []  # shared and never appended to
 _INTERNAL = "_STAN."
 _CLIENT_SPACE = "_STAN.acks."  # clients' own PubAck inboxes (stan.go, node-nats-streaming, ours)
@@ -81,18 +81,6 @@ class BrokerConfig:
     max_pings_out: int = 2
     connect_timeout_s: float = 2.0  # a connection must send CONNECT this soon (0: no limit)
     server_name: str = "streaming-server"
-
-
-@attrs.frozen
-class BrokerStatistics:
-    connections: int
-    total_connections: int
-    subscriptions: int
-    in_msgs: int
-    out_msgs: int
-    in_bytes: int
-    out_bytes: int
-    slow_consumers: int
 
 
 # Labels for the protocol-error counter (a fixed set, whatever a client sends).
@@ -226,14 +214,6 @@ class Connection:
             self.reader_scope.cancel()
 
 
-class SpanListener(Protocol):
-    def span_started(self) -> None:
-        """A reader starts handling a span of input (it does not await until the span ends)."""
-
-    def span_ended(self, *, more_input: bool) -> None:
-        """The span is handled; `more_input`: that reader has more (unparsed, or after a full read)."""
-
-
 class Broker:
     def __init__(
         self,
@@ -298,7 +278,7 @@ class Broker:
         if prefix not in self._internal:
             self._internal = (*self._internal, prefix)
 
-    def connected(self, cid: int) -> bool:
+    def client_connected(self, cid: int) -> bool:
         """Whether connection `cid` is open."""
         return cid in self._conns
 
@@ -435,8 +415,12 @@ class Broker:
         if sub.max_msgs is not None and sub.delivered >= sub.max_msgs:
             self._remove(conn, sub.sid)
 
-    def statistics(self) -> BrokerStatistics:
-        return BrokerStatistics(
+    @property
+    def url(self) -> str:
+        return f"nats://{self.config.host}:{self.port}" if self.port else ""
+
+    def statistics(self) -> BusStatistics:
+        return BusStatistics(
             len(self._conns),
             self.total_connections,
             len(self._sublist),

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import random
 import secrets
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -27,7 +28,7 @@ import trio
 from storage import ClientRecord, DeleteClient, SaveClient
 from streaming.core import errors
 from streaming.core.service import Core
-from streaming.stan.broker import Broker
+from streaming.stan.bus import Bus
 from streaming.stan.config import StanConfig
 from streaming.wire.stan_pb import protocol_pb2 as pb
 
@@ -51,7 +52,7 @@ class Client:
 
 
 class Clients:
-    def __init__(self, config: StanConfig, broker: Broker, core: Core) -> None:
+    def __init__(self, config: StanConfig, broker: Bus, core: Core) -> None:
         self.config = config
         self._broker = broker
         self._core = core
@@ -62,6 +63,7 @@ class Clients:
         self._replies: dict[str, tuple[trio.MemorySendChannel[bytes], Client]] = {}
         self._jitter = random.Random()
         self._nursery: trio.Nursery | None = None
+        self._registered = trio.Event()  # set (and replaced) whenever a client is added
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Take over the recovered clients and watch every client's heartbeats until cancelled."""
@@ -93,6 +95,14 @@ class Clients:
         if record.conn_id:
             self.by_conn_id[record.conn_id] = client
         self.own(client, record.hb_inbox)
+        self._registered.set()
+        self._registered = trio.Event()
+        return client
+
+    async def arrival(self, find: Callable[[], Client | None]) -> Client:
+        """The client `find` finds, once it is registered (bound it with a timeout)."""
+        while (client := find()) is None:
+            await self._registered.wait()
         return client
 
     # -- which connection a client is --------------------------------------------------------------
@@ -157,7 +167,7 @@ class Clients:
             await self.close(existing)
             if client_id in self._by_id:
                 return errors.CLIENT_ALREADY_REGISTERED
-        if not self._broker.connected(conn):
+        if not self._broker.client_connected(conn):
             conn = 0  # its connection closed while the old holder was probed
         client = self._add(record, conn)
         self._core.pipeline.add_client(client_id)

@@ -10,7 +10,7 @@ from storage import ChannelError, StoreError
 from streaming.core.engine import Delivery
 from streaming.core.errors import store_error
 from streaming.core.outbound import Publish
-from streaming.stan.broker import Broker
+from streaming.stan.bus import Bus
 from streaming.wire.stan_pb import protocol_pb2 as pb
 
 
@@ -22,7 +22,7 @@ def error_text(error: Exception) -> str:
 
 
 class StanOutbound:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Bus) -> None:
         self._broker = broker
         self._msg = pb.MsgProto()
         self._pub_ack = pb.PubAck()

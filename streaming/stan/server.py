@@ -19,13 +19,19 @@ ends): its acks' effects are carried out once, and its publishes committed, at i
 Requests naming a client are honoured from the connection the client is bound to only
 (streaming.stan.clients), answers go to the connection that asked only, and a client's inboxes are
 reserved for its connection (docs/security.md).
+
+Partitioned (streaming.stan.partitions), it takes publishes for its own channels only, ignores
+subscription requests for other channels, and gives its subscriptions ack inboxes under a prefix of
+its own, so that acks reach the server that owns the subscription only. A publish or subscription
+from a client whose connect this server has not finished (another server answered it first) waits
+for it briefly, in order behind that client's earlier ones.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 
 import trio
@@ -37,10 +43,11 @@ from streaming.core.errors import RequestError
 from streaming.core.outbound import Publish
 from streaming.core.pipeline import Pipeline
 from streaming.core.service import Core
-from streaming.stan.broker import Broker
-from streaming.stan.clients import Clients, nuid
+from streaming.stan.bus import Bus
+from streaming.stan.clients import Client, Clients, nuid
 from streaming.stan.config import StanConfig
 from streaming.stan.outbound import StanOutbound
+from streaming.stan.partitions import Partition
 from streaming.stan.requests import (
     InvalidRequest,
     parse_close,
@@ -62,11 +69,13 @@ _REFUSAL_KINDS: dict[type, str] = {
     pb.PubAck: "stan_publish",
 }
 REFUSAL_KINDS = tuple(_REFUSAL_KINDS.values())  # every key of StanServer.refused
+LATE_CLIENT_WAIT_S = 2.0  # partitioned: how long a request waits for its client's connect here
 
 
 class StanServer:
-    def __init__(self, config: StanConfig, broker: Broker, core: Core) -> None:
+    def __init__(self, config: StanConfig, broker: Bus, core: Core, partition: Partition | None = None) -> None:
         self.config = config
+        self.partition = partition
         self.broker = broker
         self.core = core
         self.outbound = StanOutbound(broker)
@@ -80,7 +89,9 @@ class StanServer:
         self.subclose_subject = f"_STAN.subclose.{cid}"
         self.close_subject = f"_STAN.close.{cid}"
         self.ping_subject = f"{self.discover_subject}.pings"
-        self.ack_prefix = f"_STAN.ack.{cid}"
+        # Partitioned, acks go to the server that owns the subscription only.
+        self.ack_prefix = f"_STAN.ack.{cid}" if partition is None else f"_STAN.ack.{cid}.{nuid()}"
+        self._late: dict[str | bytes, list[tuple[pb.PubMsg, str, int]]] = {}  # see _publish_late
         self.refused: collections.Counter[str] = collections.Counter()  # refused requests by kind
         self._restricts = broker.auth.restricts  # users have permissions: publishes are checked
         self._nursery: trio.Nursery | None = None
@@ -103,12 +114,14 @@ class StanServer:
                     self.clients.own(owner, recovered.record.inbox)
             b.subscribe(self.discover_subject, self._on_connect)
             b.subscribe(self.ping_subject, self._on_ping)
-            b.subscribe(f"{self.pub_prefix}.>", self._on_publish)
+            for pattern in (">",) if self.partition is None else self.partition.patterns:
+                b.subscribe(f"{self.pub_prefix}.{pattern}", self._on_publish)
             b.subscribe(self.sub_subject, self._on_subscribe)
             b.subscribe(self.unsub_subject, partial(self._on_unsubscribe, close=False))
             b.subscribe(self.subclose_subject, partial(self._on_unsubscribe, close=True))
             b.subscribe(self.close_subject, self._on_close)
-            b.subscribe(f"{self.ack_prefix}.*", self._on_ack)
+            for prefix in self._ack_prefixes(r.record.ack_inbox for r in self.core.recovered.subscriptions):
+                b.subscribe(f"{prefix}.*", self._on_ack)
             b.add_span_listener(self.core)
             log.info(
                 "STAN cluster %r ready: %d channels, %d clients, %d subscriptions recovered",
@@ -118,6 +131,12 @@ class StanServer:
                 len(self.core.recovered.subscriptions),
             )
             task_status.started()
+
+    def _ack_prefixes(self, recovered: Iterable[str]) -> list[str]:
+        """This process's ack-inbox prefix, and those of recovered subscriptions made before it."""
+        prefixes = {self.ack_prefix}
+        prefixes.update(inbox.rsplit(".", 1)[0] for inbox in recovered)
+        return sorted(prefixes)
 
     def _respond(self, reply: str, message: object, to: int) -> None:
         """Answer a request, to connection `to` only (the one that sent it)."""
@@ -206,17 +225,59 @@ class StanServer:
         except InvalidRequest as exc:
             self._respond(reply, pb.PubAck(guid=exc.guid, error=str(exc)), sender)
             return None
-        conn_id = message.connID  # each field is read once: a read builds a new object each time
-        clients = self.clients
-        if conn_id:  # the connID proves who it is: a client that came back on a new connection moves
-            client = clients.proven(conn_id, sender)
-        else:  # a client without a connID (protocol 0) is known by its client ID and connection
-            client = clients.acting_for(message.clientID, sender)
-            if client is not None and client.record.conn_id:
-                client = None  # it has a connID: a publish without one is not its own
+        client = self._publisher(message, sender)
+        if self.partition is not None and (client is None or self._late):
+            return self._wait_for_publisher(message, reply, sender, client)
         if client is None:
             self._respond(reply, pb.PubAck(guid=message.guid, error=errors.INVALID_PUBLISH), sender)
             return None
+        return self._accept_publish(message, reply, sender, client)
+
+    def _publisher(self, message: pb.PubMsg, sender: int) -> Client | None:
+        conn_id = message.connID  # each field is read once: a read builds a new object each time
+        clients = self.clients
+        if conn_id:  # the connID proves who it is: a client that came back on a new connection moves
+            return clients.proven(conn_id, sender)
+        # A client without a connID (protocol 0) is known by its client ID and connection.
+        client = clients.acting_for(message.clientID, sender)
+        if client is not None and client.record.conn_id:
+            return None  # it has a connID: a publish without one is not its own
+        return client
+
+    def _wait_for_publisher(
+        self, message: pb.PubMsg, reply: str, sender: int, client: Client | None
+    ) -> Awaitable[None] | None:
+        """Partitioned: a publish from a client whose connect is not done here yet waits for it, and
+        so do that client's later publishes, in order, while it waits."""
+        key: str | bytes = message.connID or message.clientID
+        waiting = self._late.get(key)
+        if waiting is not None:
+            waiting.append((message, reply, sender))
+            return None
+        if client is not None:  # known, and none of its publishes wait
+            return self._accept_publish(message, reply, sender, client)
+        self._late[key] = [(message, reply, sender)]
+        assert self._nursery is not None
+        self._nursery.start_soon(self._publish_late, key)
+        return None
+
+    async def _publish_late(self, key: str | bytes) -> None:
+        waiting = self._late[key]
+        message, _, sender = waiting[0]
+        with trio.move_on_after(LATE_CLIENT_WAIT_S):
+            await self.clients.arrival(lambda: self._publisher(message, sender))
+        del self._late[key]
+        for message, reply, sender in waiting:
+            client = self._publisher(message, sender)
+            if client is None:
+                self._respond(reply, pb.PubAck(guid=message.guid, error=errors.INVALID_PUBLISH), sender)
+                continue
+            pending = self._accept_publish(message, reply, sender, client)
+            if pending is not None:
+                await pending
+
+    def _accept_publish(self, message: pb.PubMsg, reply: str, sender: int, client: Client) -> Awaitable[None] | None:
+        clients = self.clients
         if reply and reply not in client.subjects:  # its PubAck inbox: for its connection only
             clients.own(client, reply)
         channel = message.subject
@@ -254,8 +315,27 @@ class StanServer:
 
     # -- subscriptions ---------------------------------------------------------------------------
 
-    def _on_subscribe(self, subject: str, reply: str, payload: bytes) -> Awaitable[None]:
-        return self._subscribe(reply, payload, self.broker.sender)
+    def _on_subscribe(self, subject: str, reply: str, payload: bytes) -> Awaitable[None] | None:
+        sender = self.broker.sender
+        if self.partition is None:
+            return self._subscribe(reply, payload, sender)
+        try:
+            request = parse_subscribe(payload, "", ms_mode=self.config.allow_ms_ack_wait)
+        except InvalidRequest as exc:
+            self._respond(reply, pb.SubscriptionResponse(error=str(exc)), sender)
+            return None
+        if not self.partition.owns(request.channel):
+            return None  # another server's channel: that server answers
+        if request.client_id not in self.clients and self._nursery is not None:
+            self._nursery.start_soon(self._subscribe_late, request.client_id, reply, payload, sender)
+            return None
+        return self._subscribe(reply, payload, sender)
+
+    async def _subscribe_late(self, client_id: str, reply: str, payload: bytes, sender: int) -> None:
+        """Partitioned: a subscription from a client whose connect is not done here yet waits for it."""
+        with trio.move_on_after(LATE_CLIENT_WAIT_S):
+            await self.clients.arrival(lambda: self.clients.get(client_id))
+        await self._subscribe(reply, payload, sender)
 
     async def _subscribe(self, reply: str, payload: bytes, sender: int) -> None:
         core = self.core
@@ -291,6 +371,8 @@ class StanServer:
         sender = self.broker.sender
         try:
             request = parse_unsubscribe(payload)
+            if self.partition is not None and not self.partition.owns(request.subject):
+                return  # another server's channel: that server answers
             try:
                 known = self.core.store.channel_info(request.subject) is not None
             except ChannelError:

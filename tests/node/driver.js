@@ -22,7 +22,10 @@ function connect(clientID) {
         Object.assign(auth.tls, { cert: fs.readFileSync(process.env.NATS_CERT), key: fs.readFileSync(process.env.NATS_KEY) });
       }
     }
-    const sc = stan.connect('test-cluster', clientID, Object.assign({ url, connectTimeout: 5000 }, auth));
+    // NATS_SERVERS: several nodes of a cluster (comma-separated URLs), to fail over between them.
+    const where = process.env.NATS_SERVERS ? { servers: process.env.NATS_SERVERS.split(',') } : { url };
+    const timeouts = { connectTimeout: 5000, ackTimeout: scenario === 'failover' ? 1000 : 30000 };
+    const sc = stan.connect('test-cluster', clientID, Object.assign(where, timeouts, auth));
     sc.on('connect', () => resolve(sc));
     sc.on('error', reject);
   });
@@ -82,6 +85,24 @@ const scenarios = {
     const second = await collect(sub, 2, (m) => m.ack());
     sub.unsubscribe();
     return { first, second };
+  },
+  async failover(sc) {
+    // Across the loss of the NATS node it is on: pytest kills that node after "kill now".
+    const sub = sc.subscribe(channel, sc.subscriptionOptions().setManualAckMode(true).setDeliverAllAvailable());
+    await ready(sub);
+    const got = [];
+    sub.on('message', (m) => { m.ack(); if (!got.includes(m.getData().toString())) got.push(m.getData().toString()); });
+    const until = async (test) => { while (!test()) await new Promise((r) => setTimeout(r, 20)); };
+    await publish(sc, channel, 'before');
+    await until(() => got.includes('before'));
+    console.log(JSON.stringify({ phase: 'kill now' }));
+    await new Promise((resolve) => process.stdin.once('data', resolve));
+    // While the cluster reroutes, a publish may go unanswered: publish again until one is stored.
+    for (;;) {
+      try { await publish(sc, channel, 'after'); break; } catch (e) { if (!/timeout/i.test(String(e))) throw e; }
+    }
+    await until(() => got.includes('after'));
+    return { got };
   },
   async queue(sc) {
     const opts = () => sc.subscriptionOptions().setManualAckMode(true);

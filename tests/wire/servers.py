@@ -99,6 +99,10 @@ class RawClient:
         await self.stream.aclose()
 
 
+LISTENING = r"Listening for client connections on [^:]+:(\d+)"
+ATTACHED = r"Serving STAN clients through the NATS cluster at "  # with nats_server: no port of its own
+
+
 @attrs.define
 class ServerProcess:
     """`python -m streaming` in a child process, as users run it."""
@@ -108,6 +112,7 @@ class ServerProcess:
     port: int = 0
     log: list[str] = attrs.Factory(list)
     preexec: Callable[[], None] | None = None  # run in the child before the server (resource limits)
+    ready: str = LISTENING  # the log line that says it serves (a group: the port it listens on)
 
     def start(self, timeout: float = 20.0) -> ServerProcess:
         self.log = []
@@ -120,19 +125,22 @@ class ServerProcess:
             preexec_fn=self.preexec,
         )
         found = threading.Event()
+        serving = False
 
         def pump() -> None:
+            nonlocal serving
             assert self.proc is not None and self.proc.stderr is not None
             for line in self.proc.stderr:
                 self.log.append(line.rstrip())
-                match = re.search(r"Listening for client connections on [^:]+:(\d+)", line)
+                match = re.search(self.ready, line)
                 if match:
-                    self.port = int(match.group(1))
+                    self.port = int(match.group(1)) if match.groups() else 0
+                    serving = True
                     found.set()
             found.set()
 
         threading.Thread(target=pump, daemon=True).start()
-        if not found.wait(timeout) or not self.port:
+        if not found.wait(timeout) or not serving:
             self.stop()
             raise RuntimeError("server did not start:\n" + "\n".join(self.log))
         return self

@@ -11,6 +11,7 @@ import trio
 
 from streaming.client import Msg, StanClient, StanError, StartPosition, Subscription, connect
 from streaming.running import Running
+from tests.wire.conftest import Serve
 from tests.wire.servers import config, eventually, free_port, running
 
 CID = "test-cluster"
@@ -27,8 +28,8 @@ async def nothing_more(sub: Subscription, wait: float = 0.3) -> None:
         raise AssertionError(f"unexpected {msg}")
 
 
-async def test_publish_and_subscribe() -> None:
-    async with running(config()) as server, connect(CID, "me", port=server.port) as sc:
+async def test_publish_and_subscribe(stan_server: Serve) -> None:
+    async with stan_server(config()) as server, connect(CID, "me", port=server.port) as sc:
         assert await sc.publish("foo", b"one")
         futures = [await sc.publish_async("foo", b"%d" % i) for i in range(2000)]
         assert len({await f.wait() for f in futures}) == 2000
@@ -41,8 +42,8 @@ async def test_publish_and_subscribe() -> None:
             assert live.seq == 2002 and live.data == b"live"
 
 
-async def test_ackwait_redelivery_and_ack() -> None:
-    async with running(config()) as server, connect(CID, "me", port=server.port) as sc:
+async def test_ackwait_redelivery_and_ack(stan_server: Serve) -> None:
+    async with stan_server(config()) as server, connect(CID, "me", port=server.port) as sc:
         async with sc.subscribe("foo", manual_ack=True, ack_wait=0.2) as sub:
             await sc.publish("foo", b"x")
             (first,) = await take(sub, 1)
@@ -53,8 +54,8 @@ async def test_ackwait_redelivery_and_ack() -> None:
             await nothing_more(sub, 0.5)
 
 
-async def test_max_inflight_holds_back_until_acks() -> None:
-    async with running(config()) as server, connect(CID, "me", port=server.port) as sc:
+async def test_max_inflight_holds_back_until_acks(stan_server: Serve) -> None:
+    async with stan_server(config()) as server, connect(CID, "me", port=server.port) as sc:
         for i in range(10):
             await sc.publish("foo", b"%d" % i)
         async with sc.subscribe("foo", manual_ack=True, max_inflight=3, start_at=StartPosition.FIRST) as sub:
@@ -66,8 +67,8 @@ async def test_max_inflight_holds_back_until_acks() -> None:
             await nothing_more(sub)
 
 
-async def test_durable_resume_after_close() -> None:
-    async with running(config()) as server, connect(CID, "me", port=server.port) as sc:
+async def test_durable_resume_after_close(stan_server: Serve) -> None:
+    async with stan_server(config()) as server, connect(CID, "me", port=server.port) as sc:
         for i in range(1, 4):
             await sc.publish("foo", b"%d" % i)
         async with sc.subscribe(
@@ -87,9 +88,9 @@ async def test_durable_resume_after_close() -> None:
             assert [m.seq for m in await take(sub, 4)] == [1, 2, 3, 4]
 
 
-async def test_queue_member_leaving_hands_its_messages_to_the_others() -> None:
+async def test_queue_member_leaving_hands_its_messages_to_the_others(stan_server: Serve) -> None:
     async with (
-        running(config()) as server,
+        stan_server(config()) as server,
         connect(CID, "a", port=server.port) as a,
         connect(CID, "b", port=server.port) as b,
     ):
@@ -154,9 +155,9 @@ async def test_redelivered_copies_of_acked_or_queued_messages_are_suppressed() -
             assert engine.inspect.pending(sub_id) == {}
 
 
-async def test_without_suppression_every_copy_reaches_the_application() -> None:
+async def test_without_suppression_every_copy_reaches_the_application(stan_server: Serve) -> None:
     # What the reference clients do, and what makes a redelivery storm (bench/storm.py's stock run).
-    async with running(config()) as server, connect(CID, "me", port=server.port) as sc:
+    async with stan_server(config()) as server, connect(CID, "me", port=server.port) as sc:
         async with sc.subscribe("foo", manual_ack=True, ack_wait=0.1, suppress_copies=False) as sub:
             await sc.publish("foo", b"slow")
             await trio.sleep(0.45)  # the application is busy: copies pile up after each AckWait
@@ -165,8 +166,8 @@ async def test_without_suppression_every_copy_reaches_the_application() -> None:
             assert [m.attempt for m in copies] == list(range(1, len(copies) + 1))
 
 
-async def test_progress_held_keeps_held_messages_from_redelivery() -> None:
-    async with running(config()) as server, connect(CID, "me", port=server.port) as sc:
+async def test_progress_held_keeps_held_messages_from_redelivery(stan_server: Serve) -> None:
+    async with stan_server(config()) as server, connect(CID, "me", port=server.port) as sc:
         async with sc.subscribe("foo", manual_ack=True, ack_wait=0.2, suppress_copies=False) as sub:
             for i in range(3):
                 await sc.publish("foo", b"%d" % i)
@@ -231,23 +232,23 @@ async def test_restart_recovery_redelivers_pending_before_new(tmp_path: Path) ->
         nursery.cancel_scope.cancel()
 
 
-async def test_requests_to_a_closed_client_fail_clearly() -> None:
-    async with running(config()) as server, connect(CID, "me", port=server.port) as sc:
+async def test_requests_to_a_closed_client_fail_clearly(stan_server: Serve) -> None:
+    async with stan_server(config()) as server, connect(CID, "me", port=server.port) as sc:
         await sc.close()
         with pytest.raises(Exception, match="closed"):
             await sc.publish("foo", b"x")
     assert isinstance(sc, StanClient)
 
 
-async def test_unknown_cluster_id_times_out_with_the_stan_message() -> None:
-    async with running(config()) as server:
+async def test_unknown_cluster_id_times_out_with_the_stan_message(stan_server: Serve) -> None:
+    async with stan_server(config()) as server:
         with pytest.raises(StanError, match="connect request timeout"):
             async with connect("other-cluster", "me", port=server.port, request_timeout_s=0.5):
                 pass
 
 
-async def test_publish_window_publish_nowait_and_wait_pub_acks() -> None:
-    async with running(config()) as server, connect(CID, "me", port=server.port, max_pub_acks_inflight=8) as sc:
+async def test_publish_window_publish_nowait_and_wait_pub_acks(stan_server: Serve) -> None:
+    async with stan_server(config()) as server, connect(CID, "me", port=server.port, max_pub_acks_inflight=8) as sc:
         futures = [sc.publish_nowait("foo", b"%d" % i) for i in range(8)]
         with pytest.raises(trio.WouldBlock):
             sc.publish_nowait("foo", b"too many")
@@ -261,8 +262,8 @@ async def test_publish_window_publish_nowait_and_wait_pub_acks() -> None:
         assert server.store.channel_info("foo").last_seq == 28  # type: ignore[union-attr]
 
 
-async def test_extensions_over_the_wire_dead_letter_backoff_and_in_progress() -> None:
-    async with running(config()) as server, connect(CID, "me", port=server.port) as sc:
+async def test_extensions_over_the_wire_dead_letter_backoff_and_in_progress(stan_server: Serve) -> None:
+    async with stan_server(config()) as server, connect(CID, "me", port=server.port) as sc:
         async with (
             sc.subscribe("dlq", start_at=StartPosition.FIRST) as dead,
             sc.subscribe(

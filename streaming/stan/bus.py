@@ -1,0 +1,93 @@
+"""What the STAN door needs from the NATS side: the `Bus` it subscribes to and publishes on.
+
+Two buses serve it: the embedded broker (streaming.stan.broker, the default: clients connect to this
+process) and a link to an external NATS server or cluster (streaming.stan.nats_link: the server is
+one more client of that cluster, as nats-streaming-server is with `-ns`). The STAN layer cannot tell
+them apart but for what only the embedded broker can know: which client connection sent a message
+(`sender`, 0 on a link), which connections are open, and whether anybody listens on a subject. On a
+link those questions have cautious answers (nobody known, everybody might be listening), and what
+the embedded broker enforces itself (internal and reserved subjects, permissions) is the cluster's
+job, through its own permissions (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+import attrs
+
+from streaming.auth import Authenticator
+from streaming.permissions import Compiled
+
+Handler = Callable[[str, str, bytes], Awaitable[None] | None]
+
+
+class SpanListener(Protocol):
+    def span_started(self) -> None:
+        """A reader starts handling a span of input (it does not await until the span ends)."""
+
+    def span_ended(self, *, more_input: bool) -> None:
+        """The span is handled; `more_input`: that reader has more (unparsed, or after a full read)."""
+
+
+@attrs.frozen
+class BusStatistics:
+    connections: int
+    total_connections: int
+    subscriptions: int
+    in_msgs: int
+    out_msgs: int
+    in_bytes: int
+    out_bytes: int
+    slow_consumers: int
+
+
+class Bus(Protocol):
+    """Subjects in, subjects out. Handlers run in the bus's reader task, in arrival order, and may
+    return an awaitable that the reader awaits before reading on."""
+
+    server_id: str
+    sender: int  # the client connection whose message is being handled (0: unknown, or none)
+    auth: Authenticator  # who the bus itself lets in (on a link: nobody is checked here)
+    slow_consumers: int
+    protocol_errors: collections.Counter[str]
+
+    @property
+    def url(self) -> str:
+        """Where clients reach this bus ("" for the embedded broker before it listens)."""
+
+    def subscribe(self, subject: str, handler: Handler, queue: str = "") -> object: ...
+
+    def unsubscribe(self, token: object) -> None: ...
+
+    def publish(self, subject: str, payload: bytes, reply: str = "", *, to: int = 0) -> list[Awaitable[None]]:
+        """Send one message; `to`: only to that client connection, where the bus knows connections."""
+
+    def publish_many(self, subject: str, payloads: list[bytes]) -> None: ...
+
+    def holding_writes(self) -> AbstractContextManager[None]: ...
+
+    def add_span_listener(self, listener: SpanListener) -> None: ...
+
+    def add_close_hook(self, hook: Callable[[list[str]], None]) -> None: ...
+
+    def add_disconnect_hook(self, hook: Callable[[int], None]) -> None: ...
+
+    def protect(self, prefix: str) -> None: ...
+
+    def reserve(self, subject: str, owner: int) -> None: ...
+
+    def release(self, subject: str) -> None: ...
+
+    def client_connected(self, cid: int) -> bool: ...
+
+    def has_interest(self, subject: str) -> bool: ...
+
+    async def wait_interest(self, subjects: list[str]) -> None: ...
+
+    def permissions(self, cid: int) -> Compiled | None: ...
+
+    def statistics(self) -> BusStatistics: ...

@@ -1,0 +1,210 @@
+"""Partitioned servers on a real three-node nats-server cluster: clients on any node reach every
+channel's owner, queue groups and durables work across nodes, a channel has one owner, and a server
+or a NATS node that dies takes nothing acknowledged with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import trio
+
+from streaming.client import Msg, StanError, StartPosition, Subscription, connect
+from tests.cluster.harness import NatsNode, nats_cluster
+from tests.wire.servers import ATTACHED, ServerProcess, eventually
+from tests.wire.test_peers import NODE_DIR, node, run_node
+
+pytestmark = pytest.mark.slow
+CID = "test-cluster"
+
+
+def partitioned(name: str, node: NatsNode, channels: list[str], data: Path) -> ServerProcess:
+    """A partitioned server process attached to `node`, owning `channels`, storing in `data`."""
+    conf = data.parent / f"{name}.toml"
+    tables = "".join(f'[channels."{c}"]\n' for c in channels)
+    conf.write_text(
+        f'nats_server = "{node.url}"\npartitioning = true\nserver_name = "{name}"\ndir = "{data}"\n{tables}'
+    )
+    return ServerProcess(["-c", str(conf)], ready=ATTACHED)
+
+
+@contextmanager
+def started(*servers: ServerProcess) -> Iterator[None]:
+    try:
+        for server in servers:
+            server.start()
+        yield
+    finally:
+        for server in servers:
+            server.stop()
+
+
+async def take(sub: Subscription, n: int, within: float = 10.0) -> list[Msg]:
+    with trio.fail_after(within):
+        return [await sub.next_msg() for _ in range(n)]
+
+
+async def test_clients_on_any_node_reach_every_owner(tmp_path: Path) -> None:
+    with nats_cluster(3) as (n0, n1, n2):
+        a = partitioned("A", n0, ["orders.>", "audit"], tmp_path / "a")
+        b = partitioned("B", n1, ["billing.>"], tmp_path / "b")
+        with started(a, b):
+            async with (
+                connect(CID, "writer", port=n2.port) as writer,
+                connect(CID, "reader", port=n0.port) as reader,
+                connect(CID, "member1", port=n1.port) as member1,
+                connect(CID, "member2", port=n2.port) as member2,
+            ):
+                for i in range(3):
+                    await writer.publish("orders.eu", b"o%d" % i)
+                    await writer.publish("billing.x", b"b%d" % i)
+                    await writer.publish("audit", b"a%d" % i)
+                for channel, prefix in (("orders.eu", b"o"), ("billing.x", b"b"), ("audit", b"a")):
+                    async with reader.subscribe(channel, start_at=StartPosition.FIRST) as sub:
+                        got = await take(sub, 3)
+                        assert [(m.seq, m.data) for m in got] == [(i + 1, prefix + b"%d" % i) for i in range(3)]
+
+                # A queue group whose members are on different nodes, on each server's channel.
+                for channel in ("orders.q", "billing.q"):
+                    async with (
+                        member1.subscribe(channel, queue="workers", manual_ack=True) as q1,
+                        member2.subscribe(channel, queue="workers", manual_ack=True) as q2,
+                    ):
+                        for i in range(10):
+                            await writer.publish(channel, b"%d" % i)
+                        await eventually(lambda q1=q1, q2=q2: q1.pending() + q2.pending() == 10, within=10)
+                        one, two = await take(q1, q1.pending()), await take(q2, q2.pending())
+                        assert sorted(m.seq for m in one + two) == list(range(1, 11))
+                        assert one and two, "both members get work"
+                        for m in one + two:
+                            m.ack()
+
+                # A durable made through one node (its client closes) ...
+                async with connect(CID, "durable", port=n0.port) as sc:
+                    async with sc.subscribe(
+                        "billing.d", durable="d", manual_ack=True, start_at=StartPosition.FIRST, close_on_exit=True
+                    ) as sub:
+                        for i in range(4):
+                            await writer.publish("billing.d", b"%d" % i)
+                        got = await take(sub, 4)
+                        got[0].ack()
+                        got[1].ack()
+                        await sc.nats.flush()
+                # ... resumes through another node, where it stopped.
+                async with connect(CID, "durable", port=n2.port) as sc:
+                    async with sc.subscribe("billing.d", durable="d", manual_ack=True) as sub:
+                        again = await take(sub, 2)
+                        assert [(m.seq, m.redelivered) for m in again] == [(3, True), (4, True)]
+                        for m in again:
+                            m.ack()
+
+                # A channel nobody owns: nobody answers.
+                writer.pub_ack_timeout_s = 0.5
+                with pytest.raises(StanError, match="publish ack timeout"):
+                    await writer.publish("nobody", b"x")
+                with pytest.raises(StanError, match="timeout"):
+                    await reader.open_subscription("nobody")
+
+            # A client nobody on the team wrote, on other nodes.
+            if (NODE_DIR / "node_modules").is_dir():
+                assert run_node("publish", n2.port, "billing.node")["published"] == 20
+                result = run_node("queue", n0.port, "orders.node")
+                assert sorted(result["a"] + result["b"]) == list(range(1, 11))  # type: ignore[operator]
+
+
+def test_a_second_owner_of_a_channel_refuses_to_start(tmp_path: Path) -> None:
+    with nats_cluster(3) as (n0, n1, _):
+        a = partitioned("A", n0, ["orders.>"], tmp_path / "a")
+        with started(a):
+            newcomer = partitioned("C", n1, ["stock", "orders.eu"], tmp_path / "c")
+            with pytest.raises(RuntimeError, match="did not start"):
+                newcomer.start()
+            assert newcomer.proc is not None and newcomer.proc.wait(10) == 1
+            text = "\n".join(newcomer.log)
+            assert "orders.eu" in text and "'A'" in text and "a channel must have one owner" in text
+            assert a.proc is not None and a.proc.poll() is None, "the first owner carries on"
+
+
+def test_an_overlap_found_when_two_clusters_join_stops_the_newcomer(tmp_path: Path) -> None:
+    """Two nodes that are not yet routed, a server on each claiming one channel; once the nodes form
+    one cluster (a reload adds the route), the server that started later stops, naming the channel."""
+    with nats_cluster(1) as (n0,), nats_cluster(1) as (n1,):
+        a = partitioned("A", n0, ["orders.>"], tmp_path / "a")
+        c = partitioned("C", n1, ["orders.eu"], tmp_path / "c")
+        with started(a, c):
+            route = f"nats-route://127.0.0.1:{n0.cluster_port}"
+            n1.conf.write_text(n1.conf.read_text().replace("routes: []", f"routes: [{route}]"))
+            assert n1.proc is not None
+            n1.proc.send_signal(signal.SIGHUP)  # nats-server reloads its configuration: the route forms
+            assert c.proc is not None
+            assert c.proc.wait(15) == 1
+            assert "orders.eu" in "\n".join(c.log)
+            assert a.proc is not None and a.proc.poll() is None
+
+
+async def test_a_killed_server_takes_only_its_channels_and_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    with nats_cluster(3) as (n0, n1, n2):
+        a = partitioned("A", n0, ["orders.>"], tmp_path / "a")
+        b = partitioned("B", n1, ["billing.>"], tmp_path / "b")
+        with started(a, b):
+            async with connect(CID, "app", port=n2.port) as sc:
+                sub = await sc.open_subscription(
+                    "orders.k", durable="d", manual_ack=True, ack_wait=60, start_at=StartPosition.FIRST
+                )
+                for i in range(1, 6):
+                    await sc.publish("orders.k", b"%d" % i)
+                got = await take(sub, 5)
+                for m in got[:2]:
+                    m.ack()
+                await sc.nats.flush()
+                await trio.sleep(0.3)  # the acks are stored (they linger up to 30 ms)
+
+                a.kill()
+                sc.pub_ack_timeout_s = 0.5
+                with pytest.raises(StanError, match="publish ack timeout"):
+                    await sc.publish("orders.k", b"lost")  # nobody owns it now: refused, not stored
+                await sc.publish("billing.x", b"still served")  # the other server carries on
+                sc.pub_ack_timeout_s = 10
+
+                a.start()
+                await sc.publish("orders.k", b"6")
+                after = await take(sub, 4)
+                assert [(m.seq, m.redelivered) for m in after] == [(3, True), (4, True), (5, True), (6, False)]
+                for m in after:
+                    m.ack()
+
+
+@node
+def test_a_dead_nats_node_sends_everyone_to_the_others(tmp_path: Path) -> None:
+    """The server's node dies: it reconnects to another node it learnt from the cluster. A client of
+    that node (node-nats-streaming with two URLs) fails over too, and both carry on."""
+    with nats_cluster(3) as (n0, n1, n2):
+        a = partitioned("A", n0, ["orders.>"], tmp_path / "a")
+        with started(a):
+            driver = subprocess.Popen(
+                ["node", str(NODE_DIR / "driver.js"), "failover", str(n0.port), "orders.failover"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "NATS_SERVERS": f"{n0.url},{n1.url}"},
+            )
+            assert driver.stdout is not None and driver.stdin is not None
+            try:
+                first = json.loads(driver.stdout.readline())
+                assert first == {"phase": "kill now"}, first
+                n0.kill()
+                driver.stdin.write("go\n")
+                driver.stdin.flush()
+                result = json.loads(driver.stdout.readline())
+            finally:
+                driver.kill()
+                driver.wait(10)
+            assert result["ok"] and result["got"] == ["before", "after"], result
+            assert any("reconnected to the NATS server" in line for line in a.log)
+            assert n2.port  # the third node stays up throughout
