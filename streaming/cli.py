@@ -195,6 +195,10 @@ def server_main(argv: list[str] | None = None) -> int:
         tls_files = config.tls_files()
         if tls_files is not None:
             server_context(tls_files)  # the files are read now, so that a bad one stops the start here
+        if config.nats_server:
+            from streaming.server import link_options
+
+            link_options(config)  # likewise the nkey seed and the TLS client files
     except (ConfigError, TlsError) as exc:
         print(f"streaming-server: configuration error: {exc}", file=sys.stderr)
         return 2

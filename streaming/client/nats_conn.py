@@ -49,8 +49,8 @@ class _Lost(Exception):
     pass
 
 
-def new_inbox() -> str:
-    return "_INBOX." + secrets.token_hex(11)
+def new_inbox(prefix: str = "_INBOX") -> str:
+    return f"{prefix}.{secrets.token_hex(11)}"
 
 
 class NatsConnection:
@@ -70,8 +70,11 @@ class NatsConnection:
         password: str = "",
         token: str = "",
         tls: ssl.SSLContext | None = None,
+        inbox_prefix: str = "_INBOX",
     ) -> None:
         self.host, self.port, self.name = host, port, name
+        # Where its inboxes live: a cluster whose permissions give each user its own prefix asks for it.
+        self.inbox_prefix = inbox_prefix
         # Sent in CONNECT when given, as nats-server reads them (`user`/`pass`, `auth_token`).
         self._credentials = {k: v for k, v in (("user", user), ("pass", password), ("auth_token", token)) if v}
         self.tls = tls  # the TLS handshake follows the server's INFO, which must ask for it (tls_required)
@@ -94,7 +97,7 @@ class NatsConnection:
         self._subs: dict[str, tuple[str, str, Callable[[NatsMsg], None]]] = {}
         self._sids = itertools.count(1)
         self._pongs: list[trio.Event] = []
-        self._mux_prefix = new_inbox()
+        self._mux_prefix = new_inbox(inbox_prefix)
         self._mux_sid: str | None = None
         self._requests: dict[str, trio.MemorySendChannel[bytes]] = {}
         self._tokens = itertools.count(1)

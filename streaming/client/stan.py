@@ -133,7 +133,7 @@ class Subscription:
         self.queue = queue
         self.durable = durable
         self.manual_ack = manual_ack
-        self.inbox = new_inbox()
+        self.inbox = new_inbox(client.nats.inbox_prefix)
         self.ack_inbox = ""
         self.suppressed = 0  # redelivered copies not handed to the application
         self._queue: deque[Msg] = deque()
@@ -293,8 +293,8 @@ class StanClient:
         self._drained: trio.Event | None = None
         self._room = trio.Event()  # set when a PubAck frees room in a full window
         self._subs: set[Subscription] = set()
-        self._hb_inbox = new_inbox()
-        self._ping_inbox = new_inbox()
+        self._hb_inbox = new_inbox(nats.inbox_prefix)
+        self._ping_inbox = new_inbox(nats.inbox_prefix)
         self._pings_out = 0
 
     # -- session -------------------------------------------------------------------------------
@@ -567,10 +567,12 @@ async def connect(
     password: str = "",
     token: str = "",
     tls: ssl.SSLContext | None = None,
+    inbox_prefix: str = "_INBOX",
 ) -> AsyncIterator[StanClient]:
     """Open a STAN session; it is closed (STAN Close, then TCP) when the block ends. `user` and
     `password`, or `token`: the credentials of a server that asks for them; `tls`: the client's TLS
-    context for a server that requires TLS (with its certificate for one that verifies clients).
+    context for a server that requires TLS (with its certificate for one that verifies clients);
+    `inbox_prefix`: where its inboxes live, for a NATS cluster that gives each user its own prefix.
 
     Connecting fails with OSError (nothing listening), NatsError (the server refused the connection:
     `Authorization Violation` for bad credentials) or StanError (refused, or no STAN server with that
@@ -588,6 +590,7 @@ async def connect(
             password=password,
             token=token,
             tls=tls,
+            inbox_prefix=inbox_prefix,
         )
         client = StanClient(
             nats,

@@ -12,12 +12,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 
 from streaming.client import Msg, StanError, StartPosition, Subscription, connect
+from streaming.config import ChannelConfig
+from streaming.wire import nats as p
+from streaming.wire.stan_pb import protocol_pb2 as pb
 from tests.cluster.harness import NatsNode, nats_cluster
-from tests.wire.servers import ATTACHED, ServerProcess, eventually
+from tests.wire.servers import ATTACHED, RawClient, ServerProcess, config, eventually, running
 from tests.wire.test_peers import NODE_DIR, node, run_node
 
 pytestmark = pytest.mark.slow
@@ -208,3 +212,55 @@ def test_a_dead_nats_node_sends_everyone_to_the_others(tmp_path: Path) -> None:
             assert result["ok"] and result["got"] == ["before", "after"], result
             assert any("reconnected to the NATS server" in line for line in a.log)
             assert n2.port  # the third node stays up throughout
+
+
+async def test_requests_that_overtake_their_clients_connect_wait_for_it(tmp_path: Path) -> None:
+    """Partitioned, a client's first publish can reach this server before its connect is done here
+    (another server answered the connect first). Sent in one write right behind the connect, it
+    waits for it; a publish from a client that never connects is refused after the wait, and does
+    not hold anybody else up meanwhile."""
+    with nats_cluster(1) as (node_,):
+        cfg = config(
+            tmp_path / "data", nats_server=node_.url, partitioning=True, channels={"orders.>": ChannelConfig()}
+        )
+        async with running(cfg), connect(CID, "known", port=node_.port) as known:
+            raw = await RawClient.open(node_.port)
+            connect_request = pb.ConnectRequest(clientID="eager", heartbeatInbox="_INBOX.hb", protocol=1, connID=b"e1")
+            publish = pb.PubMsg(clientID="eager", connID=b"e1", guid="g1", subject="orders.eu", data=b"x")
+            stranger = pb.PubMsg(clientID="nobody", connID=b"n1", guid="g2", subject="orders.eu", data=b"y")
+            await raw.send(
+                b"SUB _INBOX.r.> 1\r\n"
+                + p.encode_pub("_STAN.discover.test-cluster", "_INBOX.r.connect", connect_request.SerializeToString())
+                + p.encode_pub("_STAN.pub.test-cluster.orders.eu", "_INBOX.r.ack1", publish.SerializeToString())
+                + p.encode_pub("_STAN.pub.test-cluster.orders.eu", "_INBOX.r.ack2", stranger.SerializeToString())
+            )
+            answers: dict[str, bytes] = {}
+            with trio.fail_after(1.5):  # well inside the 2 s the stranger's publish waits
+                while len(answers) < 2:
+                    event = await raw.next()
+                    if isinstance(event, p.Msg):
+                        answers[event.subject] = event.payload
+                await known.publish("orders.eu", b"not held up")
+            assert not pb.ConnectResponse.FromString(answers["_INBOX.r.connect"]).error
+            assert pb.PubAck.FromString(answers["_INBOX.r.ack1"]) == pb.PubAck(guid="g1")
+            with trio.fail_after(5):
+                while "_INBOX.r.ack2" not in answers:
+                    event = await raw.next()
+                    if isinstance(event, p.Msg):
+                        answers[event.subject] = event.payload
+            assert pb.PubAck.FromString(answers["_INBOX.r.ack2"]).error == "stan: invalid publish request"
+            await raw.aclose()
+
+
+async def test_monitoring_shows_the_node_attached_to_and_the_channels_owned(tmp_path: Path) -> None:
+    with nats_cluster(1) as (node_,):
+        channels = {"orders.>": ChannelConfig(), "audit": ChannelConfig()}
+        cfg = config(nats_server=node_.url, partitioning=True, channels=channels, server_name="A", http_port=-1)
+        async with running(cfg) as server, httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}") as http:
+            serverz = (await http.get("/streaming/serverz")).json()
+            assert serverz["server_name"] == "A" and serverz["nats_url"] == node_.url
+            assert serverz["partitioned"] is True and serverz["channels_owned"] == ["orders.>", "audit"]
+            metrics = (await http.get("/metrics")).text
+            line = next(x for x in metrics.splitlines() if x.startswith("streaming_server_info{"))
+            assert 'server_name="A"' in line and f'nats_url="{node_.url}"' in line
+            assert 'channels_owned="orders.>,audit"' in line

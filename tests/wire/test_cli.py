@@ -165,6 +165,10 @@ def test_server_shuts_down_cleanly_on_sigterm(tmp_path: Path) -> None:
         ("port = \n", "invalid TOML"),
         ("file_sync = 'maybe'\n", "expected true or false, got 'maybe' @ config.file_sync"),
         ("file_sync = false\nsync_interval = 0\n", "sync_interval must be positive"),
+        ("partitioning = true\n", "partitioning needs nats_server"),
+        ("nats_server = 'h'\npartitioning = true\n", "partitioning needs the channels this server owns"),
+        ("nats_server = 'http://h'\n", "nats_server: 'http://h': a NATS server URL starts with nats:// or tls://"),
+        ("nats_server = 'h'\nnats_user = 'u'\n", "nats_user and nats_password go together"),
     ],
 )
 def test_bad_config_names_the_key(tmp_path: Path, toml: str, message: str) -> None:
@@ -175,6 +179,24 @@ def test_bad_config_names_the_key(tmp_path: Path, toml: str, message: str) -> No
     )
     assert done.returncode == 2
     assert message in done.stderr and str(path) in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--nats_nkey_seed", "/no/such.nk"], "nats_nkey_seed: cannot read /no/such.nk"),
+        (["--tls_client_cacert", "/no/ca.pem"], "cannot load the TLS client certificate files"),
+    ],
+)
+def test_unusable_files_for_the_nats_cluster_stop_the_start(flags: list[str], message: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "streaming", "-ns", "nats://127.0.0.1:1", *flags],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 2 and message in done.stderr, done.stderr
 
 
 def test_config_file_with_flag_overrides(tmp_path: Path) -> None:
