@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
@@ -23,6 +24,7 @@ from streaming.config import ConfigError, ServerConfig, load, merged, parse_bool
 from streaming.stan.nats_link import LinkError
 from streaming.stan.partitions import PartitionConflict
 from streaming.tls import TlsError, server_context
+from streaming.workers import WorkerPlan, WorkersError, forwarded_arguments, supervise
 
 log = logging.getLogger("streaming")
 T = TypeVar("T")
@@ -69,6 +71,14 @@ def _server_parser() -> argparse.ArgumentParser:
         const=True,
         help="own only the channels of the config file's [channels] (wildcards allowed); other servers with "
         "this cluster ID on the same NATS cluster own the rest",
+    )
+    ext("--hash_partition", metavar="I/N", help="own partition I of N of the channel-name hash (what --workers runs)")
+    ext(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="use N cores: start a local nats-server on -p and N partitioned servers behind it, each with its "
+        "own data directory under --dir; channels go to workers by a hash of their name",
     )
     auth = parser.add_argument_group("authentication (as nats-server's)").add_argument
     auth("--auth", dest="auth_token", metavar="TOKEN", help="clients must give this token (CONNECT auth_token)")
@@ -189,6 +199,7 @@ def server_main(argv: list[str] | None = None) -> int:
         return _maintenance_main(argv[0], argv[1:])
     args = _server_parser().parse_args(argv)
     overrides = _overrides(args)
+    workers = overrides.pop("workers", 0)
     try:
         config = load(args.config, overrides) if args.config else merged({}, overrides)
         config.store_limits()
@@ -199,11 +210,15 @@ def server_main(argv: list[str] | None = None) -> int:
             from streaming.server import link_options
 
             link_options(config)  # likewise the nkey seed and the TLS client files
+        if workers and (workers < 1 or config.nats_server or config.partitioning):
+            raise ConfigError("--workers N needs N >= 1, and starts its own nats-server (no nats_server, partitioning)")
     except (ConfigError, TlsError) as exc:
         print(f"streaming-server: configuration error: {exc}", file=sys.stderr)
         return 2
     level = logging.DEBUG if args.debug or args.trace else getattr(logging, config.log_level.upper(), logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s [%(levelname)s] %(name)s: %(message)s", stream=sys.stderr)
+    if workers:
+        return _workers_main(config, workers, argv)
     failed = False
     try:
         trio.run(_run_server, config)
@@ -215,6 +230,39 @@ def server_main(argv: list[str] | None = None) -> int:
                 log.error("cannot start: %s", error)
         failed = True
     return 1 if failed else 0
+
+
+def _workers_main(config: ServerConfig, count: int, argv: list[str]) -> int:
+    plan = WorkerPlan(
+        count,
+        config.host,
+        config.port,
+        Path(config.dir),
+        config.cluster_id,
+        http_port=config.http_port,
+        forwarded=forwarded_arguments(argv),
+    )
+    failed = False
+    try:
+        trio.run(_run_workers, plan)
+    except* (WorkersError, OSError) as group:
+        for error in _leaves(group):
+            log.error("cannot run the workers: %s", error)
+        failed = True
+    return 1 if failed else 0
+
+
+async def _run_workers(plan: WorkerPlan) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(supervise, plan)
+            # Tests and scripts wait for this exact line, as for one server.
+            log.info("Listening for client connections on %s:%d", plan.host, plan.port)
+            async for signum in signals:
+                log.info("received %s: stopping the workers, then the nats-server", signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                break
+    log.info("workers stopped")
 
 
 def _way_forward(directory: str) -> str:

@@ -20,6 +20,7 @@ from cattrs.v import format_exception
 from storage import VERIFY_MODES, ChannelLimits, StoreLimits
 from streaming.auth import Authenticator, User
 from streaming.permissions import Permissions, Rule
+from streaming.stan.partitions import parse_hash_partition
 from streaming.tls import TlsFiles
 from streaming.wire.urls import parse_urls
 
@@ -203,6 +204,9 @@ class ServerConfig:
     # With nats_server: own only the channels [channels] names (wildcards allowed), beside other
     # servers with the same cluster ID that own the rest (docs/scale-out.md).
     partitioning: bool = False
+    # With nats_server: own partition INDEX of COUNT ("3/12") of the channel-name hash that the local
+    # nats-server of `--workers` maps publishes by, instead of [channels] (set by `--workers`).
+    hash_partition: str = ""
     server_name: str = "streaming-server"  # in monitoring, metrics and partition conflicts
     allow_ms_ack_wait: bool = False  # test-only: a negative ackWaitInSecs means milliseconds
     log_level: str = "info"
@@ -264,7 +268,14 @@ class ServerConfig:
                 raise ConfigError(f"nats_server: {exc}") from None
         if self.partitioning and not self.nats_server:
             raise ConfigError("partitioning needs nats_server: the servers sharing the channels meet in that cluster")
-        if self.partitioning and not self.channels:
+        if self.hash_partition:
+            if not self.nats_server:
+                raise ConfigError("hash_partition needs nats_server (`--workers` sets both)")
+            try:
+                parse_hash_partition(self.hash_partition)
+            except ValueError as exc:
+                raise ConfigError(f"hash_partition: {exc}") from None
+        if self.partitioning and not self.hash_partition and not self.channels:
             raise ConfigError('partitioning needs the channels this server owns: [channels."NAME"] tables')
         if bool(self.tls_client_cert) != bool(self.tls_client_key):
             raise ConfigError("tls_client_cert and tls_client_key go together")

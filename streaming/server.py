@@ -38,7 +38,7 @@ from streaming.stan.broker import Broker, BrokerConfig
 from streaming.stan.bus import Bus
 from streaming.stan.config import StanConfig
 from streaming.stan.nats_link import LinkOptions, NatsLink
-from streaming.stan.partitions import Claims, Partition
+from streaming.stan.partitions import Claims, Partition, parse_hash_partition
 from streaming.stan.server import StanServer
 from streaming.tls import client_context, server_context
 from streaming.wire.urls import parse_urls
@@ -139,7 +139,11 @@ async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] =
             tls = server_context(tls_files) if tls_files is not None else None
             verify = tls_files is not None and tls_files.verify
             bus = broker = Broker(broker_config(config), config.authenticator(), tls, verify)
-        partition = Partition(list(config.channels)) if config.partitioning else None
+        partition: Partition | None = None
+        if config.hash_partition:
+            partition = parse_hash_partition(config.hash_partition)
+        elif config.partitioning:
+            partition = Partition(list(config.channels))
         metrics = Metrics() if config.http_port else None
         event_log = EventLog(Path(config.event_log), rotate_bytes=config.event_log_rotate) if config.event_log else None
         observers: list[Metrics | EventLog] = [o for o in (metrics, event_log) if o is not None]

@@ -181,6 +181,19 @@ class Clients:
             self._nursery.start_soon(self._heartbeat, client)
         return ""
 
+    async def adopt(self, record: ClientRecord) -> None:
+        """Register a client another server of a partitioned cluster registered (its connect came
+        while this server was down): no duplicate-ID probe, the other server made it."""
+        if record.client_id in self._by_id:
+            return
+        client = self._add(record)
+        self._core.pipeline.add_client(record.client_id)
+        self._core.runtime.queue_updates([SaveClient(record)])
+        log.info("client %r adopted from another server of the cluster ID", record.client_id)
+        if self._nursery is not None:
+            self._nursery.start_soon(self._heartbeat, client)
+        await trio.lowlevel.checkpoint()
+
     async def close(self, client: Client) -> None:
         client_id = client.record.client_id
         if self._by_id.get(client_id) is not client:

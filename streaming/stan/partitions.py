@@ -5,6 +5,11 @@ list names (wildcards allowed), as nats-streaming-server's partitioning does. Ev
 every client; each subscribes only to its own channels' publish subjects and ignores subscription
 requests for other channels.
 
+`--workers N` (streaming.workers) partitions by a hash of the channel name instead (`HashPartition`):
+the local nats-server's subject mappings send each channel's publishes to one worker, with the
+mapping function nats-server calls `partition` (FNV-1a over the channel's tokens), and each worker
+computes the same hash to know which subscription requests are its own.
+
 Two servers owning one channel would each store half of its messages. Each server therefore sends
 its claim (`Claim`: its channel patterns, when it started) on `_STAN.partitions.<cluster ID>` when it
 starts and again whenever its NATS topology changes (a reconnect, a node joining), and every server
@@ -23,6 +28,7 @@ from collections.abc import Sequence
 import attrs
 import trio
 
+from storage import ClientRecord
 from streaming.stan.bus import Bus
 from streaming.wire.subjects import valid_subject
 
@@ -52,6 +58,8 @@ def overlap(a: Sequence[str], b: Sequence[str]) -> bool:
 class Partition:
     """The channels one server owns: subject patterns such as `orders`, `orders.*`, `orders.>`."""
 
+    hashed = False
+
     def __init__(self, patterns: Sequence[str]) -> None:
         if not patterns:
             raise ValueError("partitioning needs the channels this server owns ([channels] in the config)")
@@ -66,13 +74,106 @@ class Partition:
         return any(overlap(pattern, tokens) for pattern in self._tokens)
 
     def overlapping(self, patterns: Sequence[str]) -> list[str]:
-        """This server's patterns that some of `patterns` overlap."""
+        """This server's patterns that some of `patterns` overlap (a hash partition overlaps all)."""
+        if any(isinstance(p, str) and p.startswith(_HASHED) for p in patterns):
+            return list(self.patterns)
         theirs = [p.split(".") for p in patterns if isinstance(p, str)]
         return [
             mine
             for mine, tokens in zip(self.patterns, self._tokens, strict=True)
             if any(overlap(tokens, t) for t in theirs)
         ]
+
+    def publish_subjects(self, cluster_id: str) -> list[str]:
+        """What to subscribe to for the publishes of these channels."""
+        return [f"_STAN.pub.{cluster_id}.{pattern}" for pattern in self.patterns]
+
+
+_HASHED = "#"  # a hash partition's claim: "#3/12", partition 3 of 12
+HASHED_TOKENS = 8  # a channel's partition is the hash of its first tokens, up to this many
+
+
+def fnv1a_32(data: bytes) -> int:
+    h = 0x811C9DC5
+    for byte in data:
+        h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return h
+
+
+def channel_partition(channel: str, count: int) -> int:
+    """The partition nats-server's `{{partition(count, ...)}}` mapping gives `channel`: FNV-1a of its
+    tokens (up to HASHED_TOKENS of them) joined with nothing between."""
+    return fnv1a_32("".join(channel.split(".")[:HASHED_TOKENS]).encode()) % count
+
+
+def worker_mappings(cluster_id: str, count: int) -> str:
+    """nats-server `mappings` that send each channel's publishes to the subject of its partition
+    (`_STAN.wpub.<cluster ID>.<partition>`, then any tokens past HASHED_TOKENS)."""
+    lines = []
+    for n in range(1, HASHED_TOKENS + 2):
+        tokens = min(n, HASHED_TOKENS)
+        source = ".".join(["*"] * tokens) + (".>" if n > HASHED_TOKENS else "")
+        hashed = ",".join(str(i) for i in range(1, tokens + 1))
+        dest = f"_STAN.wpub.{cluster_id}.{{{{partition({count},{hashed})}}}}" + (".>" if n > HASHED_TOKENS else "")
+        lines.append(f'  "_STAN.pub.{cluster_id}.{source}": "{dest}"')
+    return "mappings = {\n" + "\n".join(lines) + "\n}\n"
+
+
+class HashPartition(Partition):
+    """Partition `index` of `count`: the channels `channel_partition` gives that number."""
+
+    hashed = True
+
+    def __init__(self, index: int, count: int) -> None:
+        if not 0 <= index < count:
+            raise ValueError(f"partition {index} of {count}: expected 0 <= index < count")
+        self.index, self.count = index, count
+        self.patterns = (f"{_HASHED}{index}/{count}",)
+
+    def owns(self, channel: str) -> bool:
+        return channel_partition(channel, self.count) == self.index
+
+    def overlapping(self, patterns: Sequence[str]) -> list[str]:
+        """The same partition, another count (two layouts on one cluster ID) or channel patterns."""
+        theirs = [p for p in patterns if isinstance(p, str)]
+        if not theirs:
+            return []
+        same_layout = all(p.startswith(_HASHED) and p.endswith(f"/{self.count}") for p in theirs)
+        return [] if same_layout and self.patterns[0] not in theirs else list(self.patterns)
+
+    def publish_subjects(self, cluster_id: str) -> list[str]:
+        base = f"_STAN.wpub.{cluster_id}.{self.index}"
+        return [base, f"{base}.>"]
+
+
+def parse_hash_partition(text: str) -> HashPartition:
+    """ "3/12": partition 3 of 12 (ValueError otherwise)."""
+    index, sep, count = text.partition("/")
+    if not sep or not index.isdigit() or not count.isdigit():
+        raise ValueError(f"expected INDEX/COUNT such as 3/12, got {text!r}")
+    return HashPartition(int(index), int(count))
+
+
+def encode_client(record: ClientRecord) -> bytes:
+    """A client's registration, as a server of the cluster ID tells another that asks for it."""
+    fields = attrs.asdict(record)
+    fields["conn_id"] = record.conn_id.hex()
+    return json.dumps(fields).encode()
+
+
+def decode_client(payload: bytes) -> ClientRecord | None:
+    try:
+        data = json.loads(payload)
+        return ClientRecord(
+            str(data["client_id"]),
+            str(data["hb_inbox"]),
+            bytes.fromhex(str(data["conn_id"])),
+            int(data["protocol"]),
+            int(data["ping_interval"]),
+            int(data["ping_max_out"]),
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 @attrs.frozen

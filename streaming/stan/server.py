@@ -30,6 +30,8 @@ for it briefly, in order behind that client's earlier ones.
 from __future__ import annotations
 
 import collections
+import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
@@ -47,7 +49,7 @@ from streaming.stan.bus import Bus
 from streaming.stan.clients import Client, Clients, nuid
 from streaming.stan.config import StanConfig
 from streaming.stan.outbound import StanOutbound
-from streaming.stan.partitions import Partition
+from streaming.stan.partitions import Partition, decode_client, encode_client
 from streaming.stan.requests import (
     InvalidRequest,
     parse_close,
@@ -70,6 +72,7 @@ _REFUSAL_KINDS: dict[type, str] = {
 }
 REFUSAL_KINDS = tuple(_REFUSAL_KINDS.values())  # every key of StanServer.refused
 LATE_CLIENT_WAIT_S = 2.0  # partitioned: how long a request waits for its client's connect here
+LOOKUP_AFTER_S = 0.2  # partitioned: then the other servers are asked whether they know the client
 
 
 class StanServer:
@@ -92,6 +95,9 @@ class StanServer:
         # Partitioned, acks go to the server that owns the subscription only.
         self.ack_prefix = f"_STAN.ack.{cid}" if partition is None else f"_STAN.ack.{cid}.{nuid()}"
         self._late: dict[str | bytes, list[tuple[pb.PubMsg, str, int]]] = {}  # see _publish_late
+        self.peers_subject = f"_STAN.partitions.{cid}.clients"  # partitioned: who knows this client?
+        self._found_prefix = f"_STAN.partitions.{cid}.found.{nuid()}"
+        self._lookups: dict[str, trio.MemorySendChannel[bytes]] = {}
         self.refused: collections.Counter[str] = collections.Counter()  # refused requests by kind
         self._restricts = broker.auth.restricts  # users have permissions: publishes are checked
         self._nursery: trio.Nursery | None = None
@@ -103,6 +109,7 @@ class StanServer:
         """Answer STAN requests until cancelled (start it after the core's `run`)."""
         # The hot paths' lookups, once.
         self._pipeline, self._engine, self._publish = self.core.pipeline, self.core.engine, self.core.publish
+        cid = self.config.cluster_id
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await nursery.start(self.clients.run)
@@ -114,12 +121,16 @@ class StanServer:
                     self.clients.own(owner, recovered.record.inbox)
             b.subscribe(self.discover_subject, self._on_connect)
             b.subscribe(self.ping_subject, self._on_ping)
-            for pattern in (">",) if self.partition is None else self.partition.patterns:
-                b.subscribe(f"{self.pub_prefix}.{pattern}", self._on_publish)
+            partition = self.partition
+            for subject in [f"{self.pub_prefix}.>"] if partition is None else partition.publish_subjects(cid):
+                b.subscribe(subject, self._on_publish)
             b.subscribe(self.sub_subject, self._on_subscribe)
             b.subscribe(self.unsub_subject, partial(self._on_unsubscribe, close=False))
             b.subscribe(self.subclose_subject, partial(self._on_unsubscribe, close=True))
             b.subscribe(self.close_subject, self._on_close)
+            if partition is not None:
+                b.subscribe(self.peers_subject, self._on_client_lookup)
+                b.subscribe(f"{self._found_prefix}.*", self._on_client_found)
             for prefix in self._ack_prefixes(r.record.ack_inbox for r in self.core.recovered.subscriptions):
                 b.subscribe(f"{prefix}.*", self._on_ack)
             b.add_span_listener(self.core)
@@ -199,7 +210,8 @@ class StanServer:
             return
         client = self.clients.acting_for(request.clientID, sender)
         if client is None:
-            self._respond(reply, pb.CloseResponse(error=errors.UNKNOWN_CLIENT), sender)
+            if self.partition is None:  # partitioned, another server may know it (and answers)
+                self._respond(reply, pb.CloseResponse(error=errors.UNKNOWN_CLIENT), sender)
             return
         await self.core.flush_publishes()  # its publishes before the Close are stored first
         await self.clients.close(client)
@@ -212,7 +224,10 @@ class StanServer:
         sender = self.broker.sender
         error = self.clients.ping(payload)
         if error:
-            self._respond(reply, pb.PingResponse(error=error), sender)
+            # Partitioned, every server hears a client's pings, and one that has not finished its
+            # connect (or took its client ID over) must not tell it that it is gone: the others answer.
+            if self.partition is None:
+                self._respond(reply, pb.PingResponse(error=error), sender)
         else:
             self.broker.publish(reply, b"", to=sender)
 
@@ -265,7 +280,7 @@ class StanServer:
         waiting = self._late[key]
         message, _, sender = waiting[0]
         with trio.move_on_after(LATE_CLIENT_WAIT_S):
-            await self.clients.arrival(lambda: self._publisher(message, sender))
+            await self._find_client(lambda: self._publisher(message, sender), message.connID, message.clientID)
         del self._late[key]
         for message, reply, sender in waiting:
             client = self._publisher(message, sender)
@@ -326,7 +341,7 @@ class StanServer:
             return None
         if not self.partition.owns(request.channel):
             return None  # another server's channel: that server answers
-        if request.client_id not in self.clients and self._nursery is not None:
+        if self._settled(request.client_id) is None and self._nursery is not None:
             self._nursery.start_soon(self._subscribe_late, request.client_id, reply, payload, sender)
             return None
         return self._subscribe(reply, payload, sender)
@@ -334,8 +349,59 @@ class StanServer:
     async def _subscribe_late(self, client_id: str, reply: str, payload: bytes, sender: int) -> None:
         """Partitioned: a subscription from a client whose connect is not done here yet waits for it."""
         with trio.move_on_after(LATE_CLIENT_WAIT_S):
-            await self.clients.arrival(lambda: self.clients.get(client_id))
+            await self._find_client(lambda: self._settled(client_id), b"", client_id)
         await self._subscribe(reply, payload, sender)
+
+    def _settled(self, client_id: str) -> Client | None:
+        """The client, unless its client ID is being taken over (a new connect probes the old holder):
+        partitioned, its requests can arrive before that is decided here."""
+        client = self.clients.get(client_id)
+        return None if client is None or client.checking else client
+
+    async def _find_client(self, find: Callable[[], Client | None], conn_id: bytes, client_id: str) -> Client:
+        """Partitioned: wait for a client's connect to be done here; meanwhile, after a moment, ask the
+        other servers whether they registered it (it connected while this one was down), and adopt
+        the registration one of them gives. Bound it with a timeout."""
+        found: list[Client] = []
+        async with trio.open_nursery() as nursery:
+
+            async def arrive() -> None:
+                found.append(await self.clients.arrival(find))
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(arrive)
+            await trio.sleep(LOOKUP_AFTER_S)
+            token = nuid()
+            send, receive = trio.open_memory_channel[bytes](1)
+            self._lookups[token] = send
+            try:
+                question = json.dumps({"conn_id": conn_id.hex(), "client_id": client_id}).encode()
+                self.broker.publish(self.peers_subject, question, f"{self._found_prefix}.{token}")
+                record = decode_client(await receive.receive())
+            finally:
+                del self._lookups[token]
+            if record is not None and (record.conn_id == conn_id if conn_id else record.client_id == client_id):
+                await self.clients.adopt(record)
+            await trio.sleep_forever()  # until `arrive` finds it, or the caller's timeout
+        return found[0]
+
+    def _on_client_lookup(self, subject: str, reply: str, payload: bytes) -> None:
+        """Another server of the partitioned cluster asks for a client it does not know."""
+        try:
+            question = json.loads(payload)
+            conn_id = bytes.fromhex(str(question.get("conn_id", "")))
+            client_id = str(question.get("client_id", ""))
+        except (ValueError, AttributeError):
+            return
+        client = self.clients.by_conn_id.get(conn_id) if conn_id else self.clients.get(client_id)
+        if client is not None and reply:
+            self.broker.publish(reply, encode_client(client.record))
+
+    def _on_client_found(self, subject: str, reply: str, payload: bytes) -> None:
+        send = self._lookups.get(subject.rsplit(".", 1)[-1])
+        if send is not None:
+            with contextlib.suppress(trio.WouldBlock):  # a second server answered too
+                send.send_nowait(payload)
 
     async def _subscribe(self, reply: str, payload: bytes, sender: int) -> None:
         core = self.core

@@ -6,16 +6,30 @@ from __future__ import annotations
 import base64
 import itertools
 import os
+import random
+from pathlib import Path
 
 import nkeys
 import pytest
+import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
 from streaming.auth import NkeySeed, _signed
-from streaming.stan.partitions import Claim, Partition, overlap
+from streaming.stan.partitions import (
+    Claim,
+    HashPartition,
+    Partition,
+    channel_partition,
+    overlap,
+    parse_hash_partition,
+    worker_mappings,
+)
+from streaming.wire import nats as p
 from streaming.wire.subjects import matches
 from streaming.wire.urls import ServerUrl, discovered, parse_url, parse_urls
+from tests.cluster.harness import nats_cluster
+from tests.wire.servers import RawClient
 
 TOKENS = ["a", "b"]
 # Up to three tokens, then perhaps `>`.
@@ -91,6 +105,54 @@ def test_an_nkey_seed_signs_as_the_nkeys_library_does() -> None:
     assert _signed(ours.public, ours.sign("nonce-1"), "nonce-1")
     assert theirs.verify(b"nonce-1", base64.urlsafe_b64decode(ours.sign("nonce-1") + "=="))
     account = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_ACCOUNT).decode()
-    for bad in ("", "SUABC", seed.decode()[:-1] + ("A" if seed.decode()[-1] != "A" else "B"), account):
+    text = seed.decode()
+    damaged = text[:10] + ("A" if text[10] != "A" else "B") + text[11:]  # the CRC no longer matches
+    for bad in ("", "SUABC", damaged, account):
         with pytest.raises(ValueError, match="nkey seed"):
             NkeySeed(bad)
+
+
+def test_hash_partitions_claim_and_own_as_their_layout_says() -> None:
+    three = [HashPartition(i, 3) for i in range(3)]
+    channels = [f"ch{i}" for i in range(60)] + ["a.b.c.d.e.f.g.h.i.j", "orders.eu"]
+    for channel in channels:
+        assert sum(p.owns(channel) for p in three) == 1, "each channel has exactly one owner"
+    assert all(any(p.owns(c) for c in channels) for p in three), "every worker gets some"
+    assert three[0].overlapping(three[1].patterns) == []
+    assert three[0].overlapping(HashPartition(0, 3).patterns) == ["#0/3"]
+    assert three[0].overlapping(HashPartition(1, 4).patterns) == ["#0/3"], "two layouts on one cluster ID"
+    assert three[0].overlapping(["orders.>"]) == ["#0/3"] and Partition(["x"]).overlapping(["#1/3"]) == ["x"]
+    assert parse_hash_partition("2/3").owns("ch5") == three[2].owns("ch5")
+    for bad in ("3/3", "1", "a/b", "-1/3"):
+        with pytest.raises(ValueError, match="expected"):
+            parse_hash_partition(bad)
+
+
+async def test_our_channel_hash_is_the_partition_nats_server_maps_to(tmp_path: Path) -> None:
+    """Workers own subscription requests by the same hash that nats-server's mappings route their
+    publishes with: checked against a real nats-server for channels of 1 to 12 tokens."""
+    count = 5
+    rng = random.Random(7)
+    channels = [
+        ".".join("".join(rng.choice("abcxyz019-_") for _ in range(rng.randint(1, 6))) for _ in range(tokens))
+        for tokens in range(1, 13)
+        for _ in range(15)
+    ]
+    with nats_cluster(1, extra=worker_mappings("c", count)) as (node,):
+        raw = await RawClient.open(node.port)
+        await raw.send(
+            b"SUB _STAN.wpub.c.> 1\r\n"
+            + b"".join(p.encode_pub(f"_STAN.pub.c.{ch}", "", ch.encode()) for ch in channels)
+        )
+        seen: dict[str, str] = {}
+        with trio.fail_after(10):
+            while len(seen) < len(channels):
+                event = await raw.next()
+                if isinstance(event, p.Msg):
+                    seen[event.payload.decode()] = event.subject
+        await raw.aclose()
+    for channel, subject in seen.items():
+        tokens = subject.split(".")
+        assert int(tokens[3]) == channel_partition(channel, count), (channel, subject)
+        assert HashPartition(int(tokens[3]), count).owns(channel)
+        assert tokens[4:] == channel.split(".")[8:], "tokens past the hashed ones follow the partition"

@@ -99,7 +99,7 @@ class RawClient:
         await self.stream.aclose()
 
 
-LISTENING = r"Listening for client connections on [^:]+:(\d+)"
+LISTENING = r"\] streaming: Listening for client connections on [^:]+:(\d+)"  # ours, not a child nats-server's
 ATTACHED = r"Serving STAN clients through the NATS cluster at "  # with nats_server: no port of its own
 
 

@@ -1,0 +1,100 @@
+"""`streaming-server --workers N` as users run it: one address, channels spread over N worker
+processes by a hash of their name, a killed worker started again with nothing acknowledged lost,
+and Ctrl-C stopping every process it started."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+import trio
+
+from storage import open_store
+from streaming.client import StartPosition, connect
+from streaming.stan.partitions import channel_partition
+from tests.wire.servers import ServerProcess, free_port, wait_for
+
+pytestmark = pytest.mark.slow
+CID = "test-cluster"
+
+
+def pids(log: list[str], name: str) -> list[int]:
+    return [int(m.group(1)) for line in log if (m := re.search(rf"{name} started \(pid (\d+)\)", line))]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_workers_share_the_channels_by_hash_and_come_back_after_a_kill(tmp_path: Path) -> None:
+    port = free_port()
+    supervisor = ServerProcess(["--workers", "3", "-p", str(port), "--dir", str(tmp_path / "data")]).start(timeout=40)
+    assert supervisor.port == port
+    channels = [f"ch{i}" for i in range(12)] + ["orders.eu.paris"]
+    try:
+
+        async def before_the_kill() -> None:
+            async with connect(CID, "app", port=port) as sc:
+                for channel in channels:
+                    for i in range(3):
+                        await sc.publish(channel, b"%s-%d" % (channel.encode(), i))
+                for channel in channels:  # each channel reads back whole from its worker
+                    async with sc.subscribe(channel, start_at=StartPosition.FIRST) as sub:
+                        with trio.fail_after(5):
+                            got = [await sub.next_msg() for _ in range(3)]
+                        assert [m.seq for m in got] == [1, 2, 3]
+                sub = await sc.open_subscription(
+                    "ch1", durable="d", manual_ack=True, ack_wait=60, start_at=StartPosition.FIRST
+                )
+                with trio.fail_after(5):
+                    got = [await sub.next_msg() for _ in range(3)]
+                got[0].ack()
+                await sub.close()
+            await trio.sleep(0.3)  # the ack, the close and the client's close are stored (30 ms)
+
+        trio.run(before_the_kill)
+        owner = channel_partition("ch1", 3)
+        (victim,) = pids(supervisor.log, f"worker-{owner}")
+        os.kill(victim, signal.SIGKILL)
+
+        def serving() -> int:
+            return sum(f"[worker-{owner}]" in line and "Serving STAN clients" in line for line in supervisor.log)
+
+        async def after_the_kill() -> None:
+            # It connects while ch1's worker is down: the other workers answer.
+            async with connect(CID, "newcomer", port=port) as sc:
+                assert serving() == 1, "connected before the killed worker came back"
+                await trio.to_thread.run_sync(wait_for, lambda: serving() == 2)  # started again
+                await sc.publish("ch1", b"new")  # the worker learns of this client from the others
+            async with connect(CID, "app", port=port) as sc:
+                async with sc.subscribe("ch1", durable="d", manual_ack=True) as sub:
+                    with trio.fail_after(10):
+                        again = [await sub.next_msg() for _ in range(3)]
+                    assert [(m.seq, m.data) for m in again] == [(2, b"ch1-1"), (3, b"ch1-2"), (4, b"new")]
+
+        trio.run(after_the_kill)
+        children = [
+            *pids(supervisor.log, "nats-server"),
+            *(p for i in range(3) for p in pids(supervisor.log, f"worker-{i}")),
+        ]
+    finally:
+        assert supervisor.proc is not None
+        supervisor.proc.send_signal(signal.SIGINT)  # Ctrl-C
+        assert supervisor.proc.wait(20) == 0
+    assert not any(alive(pid) for pid in children), "Ctrl-C stops every process it started"
+
+    # Each channel was stored by the worker its hash names, and by no other.
+    for index in range(3):
+        store = open_store("lmdb", tmp_path / "data" / f"worker-{index}", CID)
+        try:
+            stored = {c.name for c in store.channels()}
+        finally:
+            store.close()
+        assert stored == {c for c in channels if channel_partition(c, 3) == index}, index
