@@ -15,6 +15,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -158,6 +159,18 @@ class NkeySeed:
     def sign(self, nonce: str) -> str:
         """The signature of `nonce` as a CONNECT carries it (URL-safe base64, unpadded)."""
         return base64.urlsafe_b64encode(self._key.sign(nonce.encode())).decode().rstrip("=")
+
+
+_CREDS_BLOCK = re.compile(r"-{3,}BEGIN [A-Z ]+-{3,}\s*\n(.+?)\n\s*-{3,}END [A-Z ]+-{3,}", re.DOTALL)
+
+
+def read_creds(text: str) -> tuple[str, NkeySeed]:
+    """A NATS credentials file (`nsc` writes them): the user's JWT and its nkey seed, in that order;
+    ValueError when it is not one."""
+    blocks = [block.strip() for block in _CREDS_BLOCK.findall(text)]
+    if len(blocks) < 2 or blocks[0].count(".") != 2:
+        raise ValueError("not a NATS credentials file (a user JWT block, then a user nkey seed block)")
+    return blocks[0], NkeySeed(blocks[1])
 
 
 def _signed(nkey: str, signature: object, nonce: str) -> bool:

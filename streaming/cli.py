@@ -62,6 +62,7 @@ def _server_parser() -> argparse.ArgumentParser:
     ext("--nats_pass", dest="nats_password", metavar="PASSWORD", help="its password")
     ext("--nats_token", metavar="TOKEN", help="token for the NATS cluster")
     ext("--nats_nkey_seed", metavar="FILE", help="file holding the nkey seed (SU...) to log in to the NATS cluster")
+    ext("--nats_creds", metavar="FILE", help="credentials file (user JWT and seed) to log in to the NATS cluster")
     ext("--tls_client_cert", metavar="FILE", help="client certificate (PEM) for a NATS cluster that requires TLS")
     ext("--tls_client_key", metavar="FILE", help="its private key (PEM)")
     ext("--tls_client_cacert", metavar="FILE", help="CAs of the NATS cluster's certificates (default: the system's)")

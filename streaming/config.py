@@ -198,6 +198,7 @@ class ServerConfig:
     nats_password: str = ""
     nats_token: str = ""
     nats_nkey_seed: str = ""  # a file holding the user's nkey seed (SU...)
+    nats_creds: str = ""  # a credentials file (user JWT and seed, as `nsc` writes them)
     tls_client_cert: str = ""  # a client certificate (PEM) for a cluster that requires TLS, and its key
     tls_client_key: str = ""
     tls_client_cacert: str = ""  # the CAs that sign the cluster's certificates (default: the system's)
@@ -279,6 +280,8 @@ class ServerConfig:
             raise ConfigError('partitioning needs the channels this server owns: [channels."NAME"] tables')
         if bool(self.tls_client_cert) != bool(self.tls_client_key):
             raise ConfigError("tls_client_cert and tls_client_key go together")
+        if self.nats_creds and self.nats_nkey_seed:
+            raise ConfigError("nats_creds holds an nkey seed already: give nats_creds or nats_nkey_seed")
         if bool(self.nats_user) != bool(self.nats_password):
             raise ConfigError("nats_user and nats_password go together")
         if not self.server_name or any(c.isspace() for c in self.server_name):

@@ -18,7 +18,7 @@ from starlette.applications import Starlette
 
 from storage import Store, StoreError, open_store
 from streaming import http_auth
-from streaming.auth import NkeySeed
+from streaming.auth import NkeySeed, read_creds
 from streaming.bayeux.door import BayeuxDoor
 from streaming.bayeux.http import BayeuxApp
 from streaming.bayeux.protocol import BayeuxSettings
@@ -62,14 +62,20 @@ def broker_config(config: ServerConfig) -> BrokerConfig:
 
 def link_options(config: ServerConfig) -> LinkOptions:
     """How to reach and log in to the external NATS cluster (ConfigError for unusable files)."""
-    seed = None
-    if config.nats_nkey_seed:
+    seed, jwt = None, ""
+    for key, path in (("nats_nkey_seed", config.nats_nkey_seed), ("nats_creds", config.nats_creds)):
+        if not path:
+            continue
         try:
-            seed = NkeySeed(Path(config.nats_nkey_seed).read_text())
+            text = Path(path).read_text()
+            if key == "nats_creds":
+                jwt, seed = read_creds(text)
+            else:
+                seed = NkeySeed(text)
         except OSError as exc:
-            raise ConfigError(f"nats_nkey_seed: cannot read {config.nats_nkey_seed}: {exc.strerror}") from None
+            raise ConfigError(f"{key}: cannot read {path}: {exc.strerror}") from None
         except ValueError as exc:
-            raise ConfigError(f"nats_nkey_seed: {config.nats_nkey_seed}: {exc}") from None
+            raise ConfigError(f"{key}: {path}: {exc}") from None
     tls = None
     if config.tls_client_cert or config.tls_client_cacert:
         tls = client_context(config.tls_client_cert, config.tls_client_key, config.tls_client_cacert)
@@ -80,6 +86,7 @@ def link_options(config: ServerConfig) -> LinkOptions:
         password=config.nats_password,
         token=config.nats_token,
         nkey_seed=seed,
+        jwt=jwt,
         tls=tls,
     )
 

@@ -8,7 +8,8 @@ connect to any node, and the cluster's subject routing brings their STAN request
   apart), sending CONNECT and every subscription again. Topology listeners hear each reconnect and
   each change in the nodes an INFO lists (the partition claims are checked again then).
 - It authenticates as the cluster asks: user and password, a token (in the URL or the options), a
-  user's nkey seed (signing the nonce of the INFO), a TLS client certificate.
+  user's nkey seed (signing the nonce of the INFO), a credentials file (a user JWT and its seed, as
+  in operator mode), a TLS client certificate.
 - Each chunk read from the socket is one input span, as on the embedded broker, so the acks of one
   read are applied together; handlers run in the reader, in order, and an awaitable one returns is
   awaited before reading on.
@@ -56,6 +57,7 @@ class LinkOptions:
     password: str = ""
     token: str = ""
     nkey_seed: NkeySeed | None = None
+    jwt: str = ""  # a user JWT (from a credentials file), signed for with `nkey_seed`
     tls: ssl.SSLContext | None = None  # client certificate and CAs; None: the system's CAs if TLS is asked for
     reconnect_wait_s: float = 1.0
     connect_timeout_s: float = 2.0
@@ -360,7 +362,9 @@ class NatsLink:
         options = self.options
         if options.nkey_seed is not None:
             if not nonce:
-                raise LinkError("an nkey seed is configured, but the server gave no nonce to sign")
+                raise LinkError("an nkey seed or credentials file is configured, but the server gave no nonce to sign")
+            if options.jwt:
+                return {"jwt": options.jwt, "sig": options.nkey_seed.sign(nonce)}
             return {"nkey": options.nkey_seed.public, "sig": options.nkey_seed.sign(nonce)}
         if url.user or url.token:  # credentials in the URL win, as in NATS clients
             return {"user": url.user, "pass": url.password} if url.user else {"auth_token": url.token}

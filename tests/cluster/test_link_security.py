@@ -14,6 +14,8 @@ import pytest
 import trio
 
 from streaming.client import StartPosition, connect
+from streaming.wire.stan_pb import protocol_pb2 as pb
+from tests.cluster.creds import operator_mode
 from tests.cluster.harness import NatsNode, nats_cluster
 from tests.wire.certs import make_certs
 from tests.wire.servers import ATTACHED, ServerProcess
@@ -87,7 +89,7 @@ async def refusals(node: NatsNode) -> list[str]:
     return [e.removeprefix("nats: ") for e in errors]
 
 
-@pytest.mark.parametrize("how", ["token", "nkey seed", "tls client certificate"])
+@pytest.mark.parametrize("how", ["token", "nkey seed", "credentials file", "tls client certificate"])
 def test_the_server_logs_in_as_the_cluster_asks(how: str, tmp_path: Path) -> None:
     args: list[str] = []
     client: dict[str, object] = {}
@@ -95,6 +97,10 @@ def test_the_server_logs_in_as_the_cluster_asks(how: str, tmp_path: Path) -> Non
         extra = 'authorization { token: "s3cret" }'
         url = "nats://s3cret@127.0.0.1:{port}"
         client = {"token": "s3cret"}
+    elif how == "credentials file":  # operator mode: JWTs, as nsc makes them
+        extra, creds = operator_mode(tmp_path)
+        url = "nats://127.0.0.1:{port}"
+        args = ["--nats_creds", str(creds)]
     elif how == "nkey seed":
         seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
         public = nkeys.from_seed(bytearray(seed)).public_key.decode()
@@ -122,9 +128,10 @@ def test_the_server_logs_in_as_the_cluster_asks(how: str, tmp_path: Path) -> Non
     with nats_cluster(1, extra=extra) as (node,):
         server = attached("-ns", url.format(port=node.port), *args).start()
         try:
-            if how == "nkey seed":  # our client has no nkey login: the server's login is what is tested
-                assert any("attached to the NATS server" in line for line in server.log)
-                assert asyncio.run(nkey_client_round_trip(node, seed)) == b"pong"
+            if how == "nkey seed":  # our client has no nkey login: nats-py connects as a STAN client would
+                assert asyncio.run(stan_connect_round_trip(node, nkeys_seed_str=seed.decode())) == b"pong"
+            elif how == "credentials file":
+                assert asyncio.run(stan_connect_round_trip(node, user_credentials=str(creds))) == b"pong"
             else:
                 assert trio.run(lambda: round_trip(node.port, "test-cluster", "foo", **client)) == [b"one", b"two"]
         finally:
@@ -136,11 +143,9 @@ def test_the_server_logs_in_as_the_cluster_asks(how: str, tmp_path: Path) -> Non
             assert any("cannot connect to the NATS server" in line for line in bare.log), bare.log
 
 
-async def nkey_client_round_trip(node: NatsNode, seed: bytes) -> bytes:
-    """The STAN server answers a connect request sent by a client logged in with the same nkey."""
-    from streaming.wire.stan_pb import protocol_pb2 as pb
-
-    nc = await nats.connect(node.url, nkeys_seed_str=seed.decode())
+async def stan_connect_round_trip(node: NatsNode, **login: str) -> bytes:
+    """The STAN server answers a connect request sent by a nats-py client logged in as given."""
+    nc = await nats.connect(node.url, **login)
     try:
         request = pb.ConnectRequest(clientID="nk", heartbeatInbox="_INBOX.hb", protocol=1, connID=b"c1")
         reply = await nc.request("_STAN.discover.test-cluster", request.SerializeToString(), timeout=5)
