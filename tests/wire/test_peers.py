@@ -15,7 +15,7 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
-from tests.wire.servers import ServerProcess, server_process
+from tests.wire.servers import ATTACHED, ServerProcess, server_process
 
 NODE_DIR = Path(__file__).parent.parent / "node"
 
@@ -94,11 +94,22 @@ def run_node(
 node = pytest.mark.skipif(not _node_ready(), reason="run `npm ci --prefix tests/node` (CI does)")
 
 
-@pytest.fixture(scope="module")
-def lmdb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+@pytest.fixture(scope="module", params=["embedded", "external"])
+def lmdb_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Ours with its LMDB store: on its embedded broker, or attached to an external nats-server (the
+    Node client then connects to that nats-server: `port` is where clients go either way)."""
     data = tmp_path_factory.mktemp("node") / "data"
-    with server_process("--dir", str(data)) as server:
+    if request.param == "embedded":
+        with server_process("--dir", str(data)) as server:
+            yield server
+        return
+    node_ = request.getfixturevalue("external_nats")
+    server = ServerProcess(["--dir", str(data), "-ns", node_.url], ready=ATTACHED).start()
+    try:
+        server.port = node_.port
         yield server
+    finally:
+        server.stop()
 
 
 @node
