@@ -13,7 +13,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -259,11 +259,16 @@ async def _run_workers(plan: WorkerPlan) -> None:
             await nursery.start(supervise, plan)
             # Tests and scripts wait for this exact line, as for one server.
             log.info("Listening for client connections on %s:%d", plan.host, plan.port)
-            async for signum in signals:
-                log.info("received %s: stopping the workers, then the nats-server", signal.Signals(signum).name)
-                nursery.cancel_scope.cancel()
-                break
+            await _stop_on_signal(signals, nursery, "stopping the workers, then the nats-server")
     log.info("workers stopped")
+
+
+async def _stop_on_signal(signals: AsyncIterator[int], nursery: trio.Nursery, doing: str) -> None:
+    """At SIGINT or SIGTERM, say so and stop what `nursery` runs."""
+    async for signum in signals:
+        log.info("received %s: %s", signal.Signals(signum).name, doing)
+        nursery.cancel_scope.cancel()
+        break
 
 
 def _way_forward(directory: str) -> str:
@@ -346,10 +351,7 @@ async def _run_server(config: ServerConfig) -> None:
             else:
                 # Tests and scripts wait for this exact line (nats-server prints the same).
                 log.info("Listening for client connections on %s:%d", config.host, running.port)
-            async for signum in signals:
-                log.info("received %s: shutting down", signal.Signals(signum).name)
-                nursery.cancel_scope.cancel()
-                break
+            await _stop_on_signal(signals, nursery, "shutting down")
     log.info("server stopped")
 
 
