@@ -7,8 +7,11 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import trio
 
@@ -19,6 +22,7 @@ from tests.wire.servers import ServerProcess, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 CID = "test-cluster"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def pids(log: list[str], name: str) -> list[int]:
@@ -98,3 +102,35 @@ def test_workers_share_the_channels_by_hash_and_come_back_after_a_kill(tmp_path:
         finally:
             store.close()
         assert stored == {c for c in channels if channel_partition(c, 3) == index}, index
+
+
+def test_the_cluster_demo_starts_three_nodes_and_three_servers_and_stops_them(tmp_path: Path) -> None:
+    base = free_port()
+    demo = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "cluster-demo"), "--base-port", str(base), "--dir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert demo.stdout is not None
+    try:
+        lines = [demo.stdout.readline() for _ in range(9)]
+        assert lines[0].startswith("NATS cluster") and f"nats://127.0.0.1:{base + 2}" in lines[3], lines
+
+        async def use_it() -> None:
+            async with connect(CID, "demo", port=base + 2) as sc:
+                await sc.publish("orders.eu", b"hello")  # stored by the server attached to node 0
+                await sc.publish("audit", b"seen")
+            async with (
+                connect(CID, "reader", port=base) as sc,
+                sc.subscribe("orders.eu", start_at=StartPosition.FIRST) as sub,
+            ):
+                with trio.fail_after(5):
+                    assert (await sub.next_msg()).data == b"hello"
+
+        trio.run(use_it)
+    finally:
+        demo.send_signal(signal.SIGINT)  # Ctrl-C
+        assert demo.wait(30) == 0
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert left == [], "Ctrl-C stops every process it started"
