@@ -211,8 +211,11 @@ def server_main(argv: list[str] | None = None) -> int:
             from streaming.server import link_options
 
             link_options(config)  # likewise the nkey seed and the TLS client files
-        if workers and (workers < 1 or config.nats_server or config.partitioning):
-            raise ConfigError("--workers N needs N >= 1, and starts its own nats-server (no nats_server, partitioning)")
+        if workers and (workers < 1 or config.nats_server or config.partitioning or config.http_api_port):
+            raise ConfigError(
+                "--workers N needs N >= 1, and starts its own nats-server and partitions "
+                "(no nats_server, partitioning or http_api_port: the HTTP doors are not partitioned)"
+            )
     except (ConfigError, TlsError) as exc:
         print(f"streaming-server: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -276,6 +276,11 @@ class ServerConfig:
                 parse_hash_partition(self.hash_partition)
             except ValueError as exc:
                 raise ConfigError(f"hash_partition: {exc}") from None
+        if (self.partitioning or self.hash_partition) and self.http_api_port:
+            raise ConfigError(
+                "http_api_port with partitioning: the HTTP doors (Bayeux, pull) are not partitioned; serve them "
+                "from a server that owns every channel"
+            )
         if self.partitioning and not self.hash_partition and not self.channels:
             raise ConfigError('partitioning needs the channels this server owns: [channels."NAME"] tables')
         if bool(self.tls_client_cert) != bool(self.tls_client_key):

@@ -169,6 +169,7 @@ def test_server_shuts_down_cleanly_on_sigterm(tmp_path: Path) -> None:
         ("nats_server = 'h'\npartitioning = true\n", "partitioning needs the channels this server owns"),
         ("nats_server = 'http://h'\n", "nats_server: 'http://h': a NATS server URL starts with nats:// or tls://"),
         ("nats_server = 'h'\nnats_user = 'u'\n", "nats_user and nats_password go together"),
+        ("nats_server = 'h'\nhash_partition = '1/2'\nhttp_api_port = 8080\n", "the HTTP doors (Bayeux, pull) are not"),
     ],
 )
 def test_bad_config_names_the_key(tmp_path: Path, toml: str, message: str) -> None:
