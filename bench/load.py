@@ -8,7 +8,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import trio
+import anyio
+import anyio.lowlevel
 
 from streaming.client import PubAckFuture, StanClient
 
@@ -26,10 +27,10 @@ async def publish_pipelined(sc: StanClient, channel: str, count: int, payload: b
     for i in range(count):
         try:
             futures.append(sc.publish_nowait(channel, payload))
-        except trio.WouldBlock:
+        except anyio.WouldBlock:
             futures.append(await sc.publish_async(channel, payload))
         if i % YIELD_EVERY == YIELD_EVERY - 1:
-            await trio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()
     return futures
 
 

@@ -29,3 +29,9 @@ def test_the_client_library_loads_nothing_of_the_server() -> None:
 def test_lmdb_store_is_there_when_named() -> None:
     loaded = loaded_by("from storage import LmdbStore")
     assert "lmdb" in loaded
+
+
+def test_the_client_library_needs_none_of_the_servers_packages() -> None:
+    """What a service that installs only the client (docs/client.md) must not need at import."""
+    loaded = {m.split(".")[0] for m in loaded_by("import streaming.client")}
+    assert not {"trio", "hypercorn", "starlette", "prometheus_client", "bcrypt", "lmdb", "cryptography"} & loaded

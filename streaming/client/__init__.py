@@ -1,4 +1,4 @@
-"""The Trio client library: `connect()` opens a STAN session (see streaming.client.stan)."""
+"""The client library, on AnyIO (asyncio or Trio): `connect()` opens a STAN session (see streaming.client.stan)."""
 
 from storage.records import StartPosition
 from streaming.client.nats_conn import ConnectionClosedError, NatsConnection, NatsError, NatsMsg

@@ -1,13 +1,22 @@
-"""A NATS core client connection under Trio, built on the sans-IO parser in streaming.wire.nats.
+"""A NATS core client connection on AnyIO (so under Trio or asyncio), built on the sans-IO parser in
+streaming.wire.nats.
 
-It reconnects by itself after a TCP drop (re-sending CONNECT, then every subscription with the same
-sid) and tells its owner through `on_reconnect`, so a STAN session survives. While disconnected,
-publishes are dropped, as stan.go does (its owner re-sends what matters: unacknowledged publishes).
+It connects to the first server of its list that answers, learns the cluster's other nodes from INFO
+`connect_urls`, and after a TCP drop reconnects to any of them, trying each in turn
+(`reconnect_wait_s` apart), re-sending CONNECT and then every subscription with the same sid. Its
+owner hears of it through `on_reconnect`, so a STAN session survives. While disconnected, publishes
+are dropped, as stan.go does (its owner re-sends what matters: unacknowledged publishes).
+
 Writes are coalesced: `publish` queues bytes; one writer task sends whatever accumulated. A publish
 marked `at_once` (the STAN client's messages) after a quiet spell (nothing written for
 `_STREAMING_GAP_S`) is written straight to the socket instead: a non-blocking write without the hop
-to the writer task, a noticeable part of a lone publish's latency. Acks are not marked: sent at once,
-each one woke the server by itself, and publish-to-delivery p99 grew (bench/README.md, **latency**).
+to the writer task, a noticeable part of a lone publish's latency. That needs the socket's own file
+descriptor, so it is done under Trio on a plain TCP connection only; under asyncio the socket belongs
+to the event loop's transport, and everything goes through the writer. Acks are not marked: sent at
+once, each one woke the server by itself, and publish-to-delivery p99 grew (bench/README.md,
+**latency**).
+
+It pings the server every `ping_interval_s` and reconnects after `max_pings_out` unanswered pings.
 """
 
 from __future__ import annotations
@@ -16,18 +25,26 @@ import contextlib
 import itertools
 import logging
 import secrets
+import socket
 import ssl
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+import anyio
+import anyio.abc
 import attrs
-import trio
+from anyio.streams.memory import MemoryObjectSendStream
+from anyio.streams.tls import TLSStream
 
 from streaming.wire import nats as p
-from streaming.wire.sockets import write_now
+from streaming.wire.sockets import write_socket
+from streaming.wire.urls import ServerUrl, discovered, parse_url
 
 log = logging.getLogger(__name__)
 _STREAMING_GAP_S = 100e-6  # publishes closer together than this are left to the writer, to go together
+_READ_SIZE = 65536
+_LOST = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError)
 
 
 class ConnectionClosedError(Exception):
@@ -49,6 +66,12 @@ class _Lost(Exception):
     pass
 
 
+def _running_trio() -> bool:
+    """Whether this runs under Trio (where the socket's descriptor is the connection's own)."""
+    trio = sys.modules.get("trio")
+    return trio is not None and bool(trio.lowlevel.in_trio_run())
+
+
 def new_inbox(prefix: str = "_INBOX") -> str:
     return f"{prefix}.{secrets.token_hex(11)}"
 
@@ -56,14 +79,16 @@ def new_inbox(prefix: str = "_INBOX") -> str:
 class NatsConnection:
     def __init__(
         self,
-        host: str,
-        port: int,
+        host: str = "127.0.0.1",
+        port: int = 4222,
         *,
+        servers: Sequence[str] = (),
         name: str = "",
         reconnect_wait_s: float = 0.5,
         max_reconnect_attempts: int = -1,
         connect_timeout_s: float = 2.0,
         ping_interval_s: float = 30.0,
+        max_pings_out: int = 2,
         on_reconnect: Callable[[], None] | None = None,
         on_disconnect: Callable[[], None] | None = None,
         user: str = "",
@@ -72,41 +97,52 @@ class NatsConnection:
         tls: ssl.SSLContext | None = None,
         inbox_prefix: str = "_INBOX",
     ) -> None:
-        self.host, self.port, self.name = host, port, name
-        # Where its inboxes live: a cluster whose permissions give each user its own prefix asks for it.
-        self.inbox_prefix = inbox_prefix
+        # `servers` (URLs, credentials allowed in them) wins over host and port.
+        self.servers: list[ServerUrl] = [parse_url(s) for s in servers] or [ServerUrl(host, port)]
+        self.host, self.port, self.name = self.servers[0].host, self.servers[0].port, name
         # Sent in CONNECT when given, as nats-server reads them (`user`/`pass`, `auth_token`).
         self._credentials = {k: v for k, v in (("user", user), ("pass", password), ("auth_token", token)) if v}
         self.tls = tls  # the TLS handshake follows the server's INFO, which must ask for it (tls_required)
+        # Where its inboxes live: a cluster whose permissions give each user its own prefix asks for it.
+        self.inbox_prefix = inbox_prefix
         self.reconnect_wait_s = reconnect_wait_s
         self.max_reconnect_attempts = max_reconnect_attempts
         self.connect_timeout_s = connect_timeout_s
         self.ping_interval_s = ping_interval_s
+        self.max_pings_out = max_pings_out
         self.on_reconnect = on_reconnect
         self.on_disconnect = on_disconnect
         self.info: dict[str, object] = {}
         self.connected = False
         self.closed = False
         self.reconnects = 0
-        self._stream: trio.abc.Stream | None = None
+        self._current = self.servers[0]
+        self._stream: anyio.abc.ByteStream | None = None
+        self._socket: socket.socket | None = None  # for direct writes (None: through the writer)
         self._parser = p.ClientConnection()
         self._out: list[bytes] = []
-        self._has_data = trio.Event()
-        self._writing = False  # the writer is inside a send_all: nothing may be written past it
+        self._has_data = anyio.Event()
+        self._woken = False  # `_has_data` is set (for the writer's next round)
+        self._writing = False  # the writer is inside a send: nothing may be written past it
         self._last_write = 0.0  # time.perf_counter() of the latest write
         self._subs: dict[str, tuple[str, str, Callable[[NatsMsg], None]]] = {}
         self._sids = itertools.count(1)
-        self._pongs: list[trio.Event] = []
+        self._pongs: list[anyio.Event] = []
         self._mux_prefix = new_inbox(inbox_prefix)
         self._mux_sid: str | None = None
-        self._requests: dict[str, trio.MemorySendChannel[bytes]] = {}
+        self._requests: dict[str, MemoryObjectSendStream[bytes]] = {}
         self._tokens = itertools.count(1)
-        self._closed_event = trio.Event()
-        self._reconnected = trio.Event()
-        self._lost_scope: trio.CancelScope | None = None
+        self._closed_event = anyio.Event()
+        self._reconnected = anyio.Event()
+        self._lost_scope: anyio.CancelScope | None = None
         self.last_error = ""
 
     # -- public API ------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The server in use (without credentials)."""
+        return str(self._current)
 
     def publish(self, subject: str, payload: bytes, reply: str = "", *, at_once: bool = False) -> bool:
         """Queue a message; False (dropped) while disconnected. Never blocks. With `at_once`, a message
@@ -120,9 +156,12 @@ class NatsConnection:
             not at_once
             or len(self._out) > 1
             or self._writing
+            or self._socket is None
             or time.perf_counter() - self._last_write < _STREAMING_GAP_S
         ):
-            self._has_data.set()
+            if not self._woken:  # once per writer round: a wrapped Event.set per message costs
+                self._woken = True
+                self._has_data.set()
         else:
             self._write_now()
         return True
@@ -131,8 +170,8 @@ class NatsConnection:
         """Write the one queued frame straight to the socket; the writer gets what the socket does not
         take, or the error to meet."""
         data = self._out[0]
-        stream = self._stream
-        sent = write_now(stream, data) if isinstance(stream, trio.SocketStream) else 0  # TLS: the writer
+        assert self._socket is not None
+        sent = write_socket(self._socket, data)
         self._last_write = time.perf_counter()
         if sent == len(data):
             self._out.clear()
@@ -154,28 +193,30 @@ class NatsConnection:
             self._has_data.set()
 
     async def request(self, subject: str, payload: bytes) -> bytes:
-        """Request/reply through one wildcard inbox; bound it with `trio.fail_after`. While
+        """Request/reply through one wildcard inbox; bound it with `anyio.fail_after`. While
         disconnected it waits for the reconnect."""
         if self._mux_sid is None:
             self._mux_sid = self.subscribe(self._mux_prefix + ".*", self._on_mux)
         token = str(next(self._tokens))
-        send, receive = trio.open_memory_channel[bytes](1)
+        send, receive = anyio.create_memory_object_stream[bytes](1)
         self._requests[token] = send
         try:
             while not self.publish(subject, payload, reply=f"{self._mux_prefix}.{token}"):
                 await self._reconnected.wait()
             try:
                 return await receive.receive()
-            except trio.EndOfChannel:
+            except anyio.EndOfStream:
                 raise ConnectionClosedError("connection closed") from None
         finally:
             del self._requests[token]
+            send.close()
+            receive.close()
 
     async def flush(self) -> None:
         """Round trip to the server: everything queued before has been processed by it."""
         if not self.connected:
             raise ConnectionClosedError("not connected")
-        pong = trio.Event()
+        pong = anyio.Event()
         self._pongs.append(pong)
         self._out.append(p.PING_BYTES)
         self._has_data.set()
@@ -185,10 +226,10 @@ class NatsConnection:
         if self.closed:
             return
         if self.connected and self._out and self._stream is not None:
-            with trio.move_on_after(1):
+            with anyio.move_on_after(1):
                 data = b"".join(self._out)
                 self._out.clear()
-                await self._stream.send_all(data)
+                await self._stream.send(data)
         self.closed = True
         self.connected = False
         if self._lost_scope is not None:
@@ -197,10 +238,11 @@ class NatsConnection:
 
     # -- running ---------------------------------------------------------------------------------
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Connect (errors propagate), then serve the connection, reconnecting, until closed."""
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Connect to one of the servers (the last error propagates when none answers), then serve the
+        connection, reconnecting, until closed."""
         try:
-            await self._connect()
+            await self._connect_any(self.servers)
             task_status.started()
             attempts = 0
             while not self.closed:
@@ -212,15 +254,15 @@ class NatsConnection:
                     self.on_disconnect()
                 while not self.closed:
                     if 0 <= self.max_reconnect_attempts <= attempts:
-                        log.warning("giving up reconnecting to %s:%d", self.host, self.port)
+                        log.warning("giving up reconnecting (last server %s)", self._current)
                         self.closed = True
                         break
                     attempts += 1
-                    await trio.sleep(self.reconnect_wait_s)
+                    await anyio.sleep(self.reconnect_wait_s)
                     try:
-                        await self._connect()
-                    except (OSError, trio.TooSlowError, _Lost, p.RemoteProtocolError, NatsError) as exc:
-                        log.debug("reconnect to %s:%d failed: %s", self.host, self.port, exc)
+                        await self._connect(self._next_server())
+                    except (OSError, TimeoutError, _Lost, p.RemoteProtocolError, NatsError) as exc:
+                        log.debug("reconnect to %s failed: %s", self._current, exc)
                         continue
                     attempts = 0
                     self.reconnects += 1
@@ -231,43 +273,69 @@ class NatsConnection:
             self.closed = True
             self.connected = False
             if self._stream is not None:
-                with trio.move_on_after(1, shield=True):
-                    await trio.aclose_forcefully(self._stream)
+                with anyio.move_on_after(1, shield=True):
+                    await anyio.aclose_forcefully(self._stream)
             for send in self._requests.values():
                 send.close()
             self._reconnected.set()
             self._closed_event.set()
 
-    async def _connect(self) -> None:
-        with trio.fail_after(self.connect_timeout_s):
-            stream: trio.abc.Stream = await trio.open_tcp_stream(self.host, self.port)
+    def _next_server(self) -> ServerUrl:
+        """After a drop: the server after the one that went, in the list of those known."""
+        known = self.servers
+        index = next((i for i, u in enumerate(known) if u.same_server(self._current)), -1)
+        self._current = known[(index + 1) % len(known)]
+        return self._current
+
+    async def _connect_any(self, servers: Sequence[ServerUrl]) -> None:
+        error: BaseException | None = None
+        for url in servers:
+            try:
+                await self._connect(url)
+                return
+            except (OSError, TimeoutError, _Lost, p.RemoteProtocolError) as exc:
+                error = exc
+                log.debug("connect to %s failed: %s", url, exc)
+        assert error is not None
+        raise error
+
+    async def _connect(self, url: ServerUrl) -> None:
+        self._current = url
+        with anyio.fail_after(self.connect_timeout_s):
+            stream: anyio.abc.ByteStream = await anyio.connect_tcp(url.host, url.port)
             try:
                 self._parser = p.ClientConnection()
                 event = await self._next_event(stream)
                 if not isinstance(event, p.Info):
                     raise _Lost(f"expected INFO, got {event!r}")
                 self.info = event.options
-                if bool(event.options.get("tls_required")) != (self.tls is not None):
+                tls = self.tls if self.tls is not None or not url.tls else ssl.create_default_context()
+                if bool(event.options.get("tls_required")) != (tls is not None):
                     raise NatsError(
                         "the server requires TLS: connect with tls="
-                        if self.tls is None
+                        if tls is None
                         else "TLS was asked for, but the server does not offer it (no tls_required in its INFO)"
                     )
-                if self.tls is not None:
-                    stream = trio.SSLStream(stream, self.tls, server_hostname=self.host)
-                    await stream.do_handshake()
+                raw: socket.socket | None = None
+                if tls is not None:
+                    stream = await TLSStream.wrap(stream, hostname=url.host, ssl_context=tls, standard_compatible=False)
+                elif _running_trio():
+                    raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+                credentials = self._credentials
+                if url.user or url.token:  # credentials in the URL win, as in other NATS clients
+                    credentials = {"user": url.user, "pass": url.password} if url.user else {"auth_token": url.token}
                 options = {
                     "verbose": False,
                     "pedantic": False,
-                    "lang": "python-trio",
+                    "lang": "python-anyio",
                     "version": "0.1.0",
                     "protocol": 1,
                     "echo": True,
                     "name": self.name,
                     "headers": False,
-                    **self._credentials,
+                    **credentials,
                 }
-                await stream.send_all(p.encode_connect(options) + p.PING_BYTES)
+                await stream.send(p.encode_connect(options) + p.PING_BYTES)
                 while True:
                     event = await self._next_event(stream)
                     if isinstance(event, p.Pong):
@@ -275,51 +343,59 @@ class NatsConnection:
                     if isinstance(event, p.Err):
                         raise NatsError(event.text)
             except BaseException:
-                await trio.aclose_forcefully(stream)
+                await anyio.aclose_forcefully(stream)
                 raise
-        self._stream = stream
+        self._learn(event_info=self.info)
+        self._stream, self._socket = stream, raw
         self._out = [p.encode_sub(subject, sid, queue) for sid, (subject, queue, _) in self._subs.items()]
-        self._has_data = trio.Event()
-        self._writing = False  # the old connection's writer may have died inside a send_all
+        self._has_data = anyio.Event()
+        self._woken = False
+        self._writing = False  # the old connection's writer may have died inside a send
         if self._out:
             self._has_data.set()
         self.connected = True
         self._reconnected.set()
-        self._reconnected = trio.Event()
+        self._reconnected = anyio.Event()
 
-    async def _next_event(self, stream: trio.abc.Stream) -> p.Event:
+    def _learn(self, *, event_info: dict[str, object]) -> None:
+        """Add the nodes an INFO's `connect_urls` lists to the servers to reconnect to."""
+        for url in discovered(event_info.get("connect_urls"), self._current):
+            if not any(url.same_server(known) for known in self.servers):
+                self.servers.append(url)
+
+    async def _next_event(self, stream: anyio.abc.ByteStream) -> p.Event:
         while True:
             event = self._parser.next_event()
             if not isinstance(event, p._NeedData):
                 return event
-            data = await stream.receive_some(65536)
-            if not data:
-                raise _Lost("connection closed by the server")
+            try:
+                data = await stream.receive(_READ_SIZE)
+            except anyio.EndOfStream:
+                raise _Lost("connection closed by the server") from None
             self._parser.receive_data(bytes(data))
 
     async def _serve(self) -> None:
-        with trio.CancelScope() as scope:
+        with anyio.CancelScope() as scope:
             self._lost_scope = scope
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._reader, nursery.cancel_scope)
-                nursery.start_soon(self._writer, nursery.cancel_scope)
-                nursery.start_soon(self._pinger, nursery.cancel_scope)
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(self._reader, tasks.cancel_scope)
+                tasks.start_soon(self._writer, tasks.cancel_scope)
+                tasks.start_soon(self._pinger, tasks.cancel_scope)
         self._lost_scope = None
         for pong in self._pongs:
             pong.set()  # flush() waiters: the connection they waited on is gone
         self._pongs.clear()
         if self._stream is not None:
-            await trio.aclose_forcefully(self._stream)
-            self._stream = None
+            with anyio.CancelScope(shield=True):
+                await anyio.aclose_forcefully(self._stream)
+            self._stream, self._socket = None, None
 
-    async def _reader(self, lost: trio.CancelScope) -> None:
+    async def _reader(self, lost: anyio.CancelScope) -> None:
         assert self._stream is not None
         stream, parser = self._stream, self._parser
         try:
             while True:
-                data = await stream.receive_some(65536)
-                if not data:
-                    break
+                data = await stream.receive(_READ_SIZE)
                 parser.receive_data(data if type(data) is bytes else bytes(data))
                 while True:
                     event = parser.next_event()
@@ -331,8 +407,8 @@ class NatsConnection:
                         break
                     else:
                         self._on_control(event)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, p.RemoteProtocolError) as exc:
-            log.debug("connection lost: %s", exc)
+        except (*_LOST, p.RemoteProtocolError) as exc:
+            log.debug("connection lost: %r", exc)
         lost.cancel()
 
     def _on_control(self, event: p.Event) -> None:
@@ -342,37 +418,40 @@ class NatsConnection:
         elif isinstance(event, p.Pong):
             if self._pongs:
                 self._pongs.pop(0).set()
+        elif isinstance(event, p.Info):
+            self._learn(event_info=event.options)
         elif isinstance(event, p.Err):
             self.last_error = event.text
             log.warning("server error: %s", event.text)
 
-    async def _writer(self, lost: trio.CancelScope) -> None:
+    async def _writer(self, lost: anyio.CancelScope) -> None:
         assert self._stream is not None
         stream = self._stream
         try:
             while True:
                 await self._has_data.wait()
-                self._has_data = trio.Event()
+                self._has_data = anyio.Event()
+                self._woken = False
                 if self._out:
                     data = b"".join(self._out)
                     self._out.clear()
                     self._writing = True
-                    await stream.send_all(data)
+                    await stream.send(data)
                     self._writing = False
                     self._last_write = time.perf_counter()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        except _LOST:
             lost.cancel()
 
-    async def _pinger(self, lost: trio.CancelScope) -> None:
-        outstanding: list[trio.Event] = []
+    async def _pinger(self, lost: anyio.CancelScope) -> None:
+        outstanding: list[anyio.Event] = []
         while True:
-            await trio.sleep(self.ping_interval_s)
+            await anyio.sleep(self.ping_interval_s)
             outstanding = [e for e in outstanding if not e.is_set()]
-            if len(outstanding) >= 2:
-                log.info("no PONG for two pings: reconnecting")
+            if len(outstanding) >= self.max_pings_out:
+                log.info("no PONG for %d pings: reconnecting", len(outstanding))
                 lost.cancel()
                 return
-            pong = trio.Event()
+            pong = anyio.Event()
             outstanding.append(pong)
             self._pongs.append(pong)
             self._out.append(p.PING_BYTES)
@@ -381,5 +460,5 @@ class NatsConnection:
     def _on_mux(self, msg: NatsMsg) -> None:
         send = self._requests.get(msg.subject.rsplit(".", 1)[-1])
         if send is not None:
-            with contextlib.suppress(trio.WouldBlock):  # a duplicate reply
+            with contextlib.suppress(anyio.WouldBlock, anyio.BrokenResourceError):  # a duplicate reply
                 send.send_nowait(msg.data)

@@ -1,4 +1,5 @@
-"""The Trio STAN client: connect, publish (awaited or pipelined), subscribe, ack, close.
+"""The STAN client, on AnyIO (so under asyncio or Trio alike): connect, publish (awaited or
+pipelined), subscribe, ack, close.
 
     async with streaming.client.connect("test-cluster", "me", port=4222) as sc:
         await sc.publish("orders", b"...")
@@ -23,11 +24,12 @@ import secrets
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Self, TypedDict, TypeVar, Unpack
 
-import trio
+import anyio
+import anyio.lowlevel
 from google.protobuf.message import Message as ProtoMessage
 
 from storage.records import StartPosition  # one definition of the wire's start positions
@@ -53,7 +55,7 @@ class PubAckFuture:
         self.subject = subject
         self.payload = payload
         self.error: str | None = None  # "" once stored
-        self._done: trio.Event | None = None
+        self._done: anyio.Event | None = None
 
     def done(self) -> bool:
         return self.error is not None
@@ -67,10 +69,10 @@ class PubAckFuture:
         """The guid once the server stored the message; raises StanError if it refused it."""
         if self.error is None:
             if self._done is None:
-                self._done = trio.Event()  # made only for futures someone waits on before the PubAck
+                self._done = anyio.Event()  # made only for futures someone waits on before the PubAck
             await self._done.wait()
         else:
-            await trio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()
         if self.error:
             raise StanError(self.error)
         return self.guid
@@ -138,7 +140,7 @@ class Subscription:
         self.suppressed = 0  # redelivered copies not handed to the application
         self._queue: deque[Msg] = deque()
         self._queued: set[int] = set()
-        self._ready = trio.Event()
+        self._ready = anyio.Event()
         self._floor = AckFloor()
         self._recent = RecentAcks()
         self._sid = ""
@@ -164,7 +166,8 @@ class Subscription:
             self._floor.delivered(seq)
         self._queue.append(Msg(self, proto))
         self._queued.add(seq)
-        self._ready.set()
+        if len(self._queue) == 1:  # a reader waits only on an empty queue
+            self._ready.set()
 
     def _is_acked(self, seq: int) -> bool:
         if self.queue:
@@ -184,7 +187,7 @@ class Subscription:
             self.client.nats.publish(self.ack_inbox, ack.SerializeToString())
 
     async def next_msg(self) -> Msg:
-        """The next message (bound the wait with `trio.fail_after`); in auto-ack mode the previous one
+        """The next message (bound the wait with `anyio.fail_after`); in auto-ack mode the previous one
         is acknowledged first."""
         if self._last is not None and not self.manual_ack:
             self._last.ack()
@@ -193,7 +196,7 @@ class Subscription:
             if self._closed or self.client.closed:
                 raise ConnectionClosedError("subscription closed")
             await self._ready.wait()
-            self._ready = trio.Event()
+            self._ready = anyio.Event()
         msg = self._queue.popleft()
         self._queued.discard(msg.seq)
         self._last = msg
@@ -290,8 +293,9 @@ class StanClient:
         self._guid_seq = itertools.count(1)
         self._pubs: dict[str, PubAckFuture] = {}  # guid -> waiting for its PubAck, in publish order
         self._max_pubs = max_pub_acks_inflight
-        self._drained: trio.Event | None = None
-        self._room = trio.Event()  # set when a PubAck frees room in a full window
+        self._drained: anyio.Event | None = None
+        self._room = anyio.Event()  # set when a PubAck frees room in a full window
+        self._room_waiters = 0  # publishers waiting for it (no Event is made per PubAck for nobody)
         self._subs: set[Subscription] = set()
         self._hb_inbox = new_inbox(nats.inbox_prefix)
         self._ping_inbox = new_inbox(nats.inbox_prefix)
@@ -313,9 +317,9 @@ class StanClient:
         )
         discover = f"_STAN.discover.{self.cluster_id}"
         try:
-            with trio.fail_after(self.request_timeout_s):
+            with anyio.fail_after(self.request_timeout_s):
                 raw = await self.nats.request(discover, request.SerializeToString())
-        except trio.TooSlowError:
+        except TimeoutError:
             raise StanError("stan: connect request timeout (possibly wrong cluster ID?)") from None
         response = pb.ConnectResponse.FromString(raw)
         if response.error:
@@ -356,7 +360,7 @@ class StanClient:
             return
         payload = pb.Ping(connID=self.conn_id).SerializeToString()
         while not self.closed:
-            await trio.sleep(self.ping_interval_s)
+            await anyio.sleep(self.ping_interval_s)
             self._pings_out += 1
             if self._pings_out > self.ping_max_out:
                 self._lose("stan: connection lost due to PING failure")
@@ -384,9 +388,9 @@ class StanClient:
 
     async def _request(self, subject: str, payload: bytes, response_type: type[R]) -> R:
         try:
-            with trio.fail_after(self.request_timeout_s):
+            with anyio.fail_after(self.request_timeout_s):
                 raw = await self.nats.request(subject, payload)
-        except trio.TooSlowError:
+        except TimeoutError:
             raise StanError(f"stan: request timeout ({subject})") from None
         response = response_type.FromString(raw)
         if getattr(response, "error", ""):
@@ -408,22 +412,26 @@ class StanClient:
         """Publish without waiting for the PubAck (waits only while too many are unacknowledged)."""
         self._check_open()
         while len(self._pubs) >= self._max_pubs:
-            await self._room.wait()
+            self._room_waiters += 1
+            try:
+                await self._room.wait()
+            finally:
+                self._room_waiters -= 1
             self._check_open()
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
         return self._publish_now(channel, data)
 
     def publish_nowait(self, channel: str, data: bytes) -> PubAckFuture:
-        """`publish_async` that never blocks: raises trio.WouldBlock when too many are unacknowledged.
+        """`publish_async` that never blocks: raises anyio.WouldBlock when too many are unacknowledged.
 
         Loops that publish many messages go fastest with this and a checkpoint
-        (`await trio.lowlevel.checkpoint()`) every hundred or so: what was queued since the last one
+        (`await anyio.lowlevel.checkpoint()`) every hundred or so: what was queued since the last one
         leaves in one write, and the server works on it while the loop queues more (without any, a
         full window of 16,384 is queued before the first byte is sent, which is slower).
         """
         self._check_open()
         if len(self._pubs) >= self._max_pubs:
-            raise trio.WouldBlock
+            raise anyio.WouldBlock
         return self._publish_now(channel, data)
 
     async def wait_pub_acks(self) -> None:
@@ -431,9 +439,9 @@ class StanClient:
         future's `error` (or `await future.wait()`, which no longer blocks)."""
         while self._pubs and not self.closed:
             if self._drained is None:
-                self._drained = trio.Event()
+                self._drained = anyio.Event()
             await self._drained.wait()
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
 
     def _check_open(self) -> None:
         if self.closed:
@@ -449,9 +457,9 @@ class StanClient:
         """Publish and wait until the server has stored it; returns the guid."""
         future = await self.publish_async(channel, data)
         try:
-            with trio.fail_after(self.pub_ack_timeout_s):
+            with anyio.fail_after(self.pub_ack_timeout_s):
                 return await future.wait()
-        except trio.TooSlowError:
+        except TimeoutError:
             raise StanError("stan: publish ack timeout") from None
 
     def _on_pub_ack(self, msg: NatsMsg) -> None:
@@ -464,9 +472,9 @@ class StanClient:
             future._resolve(ack.error)
             # Room is announced at half the window, not per PubAck: a waiting publisher then queues
             # thousands of messages per wake-up (one write) instead of one.
-            if len(self._pubs) <= self._max_pubs // 2 and not self._room.is_set():
+            if self._room_waiters and len(self._pubs) <= self._max_pubs // 2 and not self._room.is_set():
                 self._room.set()
-                self._room = trio.Event()
+                self._room = anyio.Event()
             if not self._pubs and self._drained is not None:
                 self._drained.set()
                 self._drained = None
@@ -487,7 +495,7 @@ class StanClient:
                 # Best effort when the connection is already gone (the block was cancelled, say):
                 # the server ends the subscription with the client then.
                 with (
-                    trio.move_on_after(self.request_timeout_s, shield=True),
+                    anyio.move_on_after(self.request_timeout_s, shield=True),
                     contextlib.suppress(ConnectionClosedError),
                 ):
                     await (sub.close() if close_on_exit else sub.unsubscribe())
@@ -563,29 +571,46 @@ async def connect(
     ping_max_out: int = 88,
     reconnect_wait_s: float = 0.5,
     max_reconnect_attempts: int = -1,
+    servers: Sequence[str] = (),
+    connect_timeout_s: float = 2.0,
+    nats_ping_interval_s: float = 30.0,
+    nats_max_pings_out: int = 2,
     user: str = "",
     password: str = "",
     token: str = "",
     tls: ssl.SSLContext | None = None,
     inbox_prefix: str = "_INBOX",
 ) -> AsyncIterator[StanClient]:
-    """Open a STAN session; it is closed (STAN Close, then TCP) when the block ends. `user` and
-    `password`, or `token`: the credentials of a server that asks for them; `tls`: the client's TLS
-    context for a server that requires TLS (with its certificate for one that verifies clients);
-    `inbox_prefix`: where its inboxes live, for a NATS cluster that gives each user its own prefix.
+    """Open a STAN session; it is closed (STAN Close, then TCP) when the block ends. Runs under
+    asyncio and Trio alike.
+
+    - `servers`: NATS URLs (`nats://[user:password@]host:port`, `tls://...`) to try in turn, instead
+      of `host` and `port`; the cluster's other nodes are learnt from the first one reached, and a
+      dropped connection is made again to any of them, `reconnect_wait_s` apart
+      (`max_reconnect_attempts`, -1: forever). `connect_timeout_s` bounds each TCP and NATS handshake.
+    - `ping_interval_s` and `ping_max_out`: STAN pings (the server's answer says whether the session is
+      still known); `nats_ping_interval_s` and `nats_max_pings_out`: NATS pings, after which the
+      connection is made again.
+    - `user` and `password`, or `token`: the credentials of a server that asks for them; `tls`: the
+      client's TLS context for a server that requires TLS (with its certificate for one that verifies
+      clients); `inbox_prefix`: where its inboxes live, for a NATS cluster that gives each user one.
 
     Connecting fails with OSError (nothing listening), NatsError (the server refused the connection:
     `Authorization Violation` for bad credentials) or StanError (refused, or no STAN server with that
     cluster ID answered), raised as such rather than inside an exception group.
     """
     failure: BaseException | None = None
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         nats = NatsConnection(
             host,
             port,
+            servers=servers,
             name=client_id,
             reconnect_wait_s=reconnect_wait_s,
             max_reconnect_attempts=max_reconnect_attempts,
+            connect_timeout_s=connect_timeout_s,
+            ping_interval_s=nats_ping_interval_s,
+            max_pings_out=nats_max_pings_out,
             user=user,
             password=password,
             token=token,
@@ -605,7 +630,7 @@ async def connect(
         try:
             await nursery.start(nats.run)
             await client._start()
-        except (OSError, StanError, NatsError, trio.TooSlowError) as exc:
+        except (OSError, StanError, NatsError, TimeoutError) as exc:
             failure = exc
             client.closed = True
             nursery.cancel_scope.cancel()
@@ -614,7 +639,7 @@ async def connect(
             try:
                 yield client
             finally:
-                with trio.move_on_after(client.request_timeout_s + 1, shield=True):
+                with anyio.move_on_after(client.request_timeout_s + 1, shield=True):
                     await client.close()
                 nursery.cancel_scope.cancel()
     if failure is not None:

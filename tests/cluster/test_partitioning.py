@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 import trio
@@ -21,6 +22,7 @@ from streaming.config import ChannelConfig
 from streaming.wire import nats as p
 from streaming.wire.stan_pb import protocol_pb2 as pb
 from tests.cluster.harness import NatsNode, nats_cluster
+from tests.wire.backends import on_both_backends
 from tests.wire.servers import ATTACHED, RawClient, ServerProcess, config, eventually, running
 from tests.wire.test_peers import NODE_DIR, node, run_node
 
@@ -264,3 +266,26 @@ async def test_monitoring_shows_the_node_attached_to_and_the_channels_owned(tmp_
             line = next(x for x in metrics.splitlines() if x.startswith("streaming_server_info{"))
             assert 'server_name="A"' in line and f'nats_url="{node_.url}"' in line
             assert 'channels_owned="orders.>,audit"' in line
+
+
+@on_both_backends
+async def test_our_client_fails_over_to_another_node(tmp_path: Path) -> None:
+    """Given one node's URL, our client learns the others from the cluster; when its node dies it
+    reconnects to another, and its session, subscription and unacknowledged publish carry on."""
+    with nats_cluster(3) as (n0, n1, _n2):
+        server = ServerProcess(["--dir", str(tmp_path / "data"), "-ns", n1.url], ready=ATTACHED).start()
+        try:
+            async with connect(CID, "app", servers=[n0.url], reconnect_wait_s=0.1) as sc:
+                assert sc.nats.url == n0.url and len(sc.nats.servers) == 3, "the other nodes are learnt"
+                async with sc.subscribe("orders", manual_ack=True) as sub:
+                    await sc.publish("orders", b"before")
+                    with anyio.fail_after(5):
+                        (await sub.next_msg()).ack()
+                    await anyio.to_thread.run_sync(n0.kill)
+                    await sc.publish("orders", b"after")  # sent again on the new node until stored
+                    with anyio.fail_after(10):
+                        msg = await sub.next_msg()
+                    assert msg.data == b"after" and sc.nats.url != n0.url
+                    msg.ack()
+        finally:
+            server.stop()

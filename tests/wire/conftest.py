@@ -3,18 +3,14 @@ nats-server that the server attaches to (`nats_server`), as users run either."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Iterator
 
 import attrs
 import pytest
 
-from streaming.config import ServerConfig
-from streaming.running import Running
 from tests.cluster.harness import NatsNode, nats_cluster
-from tests.wire.servers import running
-
-Serve = Callable[[ServerConfig], AbstractAsyncContextManager[Running]]
+from tests.wire.backends import ServerThread, server_thread
+from tests.wire.servers import config
 
 
 @pytest.fixture(scope="session")
@@ -25,18 +21,16 @@ def external_nats() -> Iterator[NatsNode]:
 
 
 @pytest.fixture(params=["embedded", "external"])
-def stan_server(request: pytest.FixtureRequest) -> Serve:
-    """Run a server for one test, on the embedded broker or attached to an external nats-server; the
-    Running's `port` is where clients connect either way."""
+def server(request: pytest.FixtureRequest) -> Iterator[ServerThread]:
+    """A server for one test (in a thread of its own, so that the client may run under either
+    backend), on the embedded broker or attached to an external nats-server; `port` is where clients
+    connect either way."""
+    cfg = config()
     node: NatsNode | None = request.getfixturevalue("external_nats") if request.param == "external" else None
-
-    @asynccontextmanager
-    async def serve(cfg: ServerConfig) -> AsyncIterator[Running]:
+    if node is not None:
+        cfg = attrs.evolve(cfg, nats_server=node.url)
+    with server_thread(cfg) as running:
         if node is not None:
-            cfg = attrs.evolve(cfg, nats_server=node.url)
-        async with running(cfg) as server:
-            if node is not None:
-                server.port = node.port
-            yield server
-
-    return serve
+            assert running.running is not None
+            running.running.port = node.port
+        yield running

@@ -1,4 +1,5 @@
-"""Our Trio client against the real server over TCP: the features users rely on, end to end."""
+"""Our client against the real server over TCP: the features users rely on, end to end, each under
+Trio and under asyncio (the server runs in a thread of its own: tests/wire/backends.py)."""
 
 from __future__ import annotations
 
@@ -6,30 +7,33 @@ import base64
 import json
 from pathlib import Path
 
+import anyio
 import pytest
 import trio
 
 from streaming.client import Msg, StanClient, StanError, StartPosition, Subscription, connect
-from streaming.running import Running
-from tests.wire.conftest import Serve
-from tests.wire.servers import config, eventually, free_port, running
+from tests.wire.backends import ServerThread, eventually, on_both_backends, server_thread
+from tests.wire.servers import ServerProcess, config, free_port
+
+EMBEDDED = pytest.mark.parametrize("server", ["embedded"], indirect=True)  # it drops the broker's connections
 
 CID = "test-cluster"
 
 
 async def take(sub: Subscription, n: int, within: float = 5.0) -> list[Msg]:
-    with trio.fail_after(within):
+    with anyio.fail_after(within):
         return [await sub.next_msg() for _ in range(n)]
 
 
 async def nothing_more(sub: Subscription, wait: float = 0.3) -> None:
-    with trio.move_on_after(wait):
+    with anyio.move_on_after(wait):
         msg = await sub.next_msg()
         raise AssertionError(f"unexpected {msg}")
 
 
-async def test_publish_and_subscribe(stan_server: Serve) -> None:
-    async with stan_server(config()) as server, connect(CID, "me", port=server.port) as sc:
+@on_both_backends
+async def test_publish_and_subscribe(server: ServerThread) -> None:
+    async with connect(CID, "me", port=server.port) as sc:
         assert await sc.publish("foo", b"one")
         futures = [await sc.publish_async("foo", b"%d" % i) for i in range(2000)]
         assert len({await f.wait() for f in futures}) == 2000
@@ -42,8 +46,9 @@ async def test_publish_and_subscribe(stan_server: Serve) -> None:
             assert live.seq == 2002 and live.data == b"live"
 
 
-async def test_ackwait_redelivery_and_ack(stan_server: Serve) -> None:
-    async with stan_server(config()) as server, connect(CID, "me", port=server.port) as sc:
+@on_both_backends
+async def test_ackwait_redelivery_and_ack(server: ServerThread) -> None:
+    async with connect(CID, "me", port=server.port) as sc:
         async with sc.subscribe("foo", manual_ack=True, ack_wait=0.2) as sub:
             await sc.publish("foo", b"x")
             (first,) = await take(sub, 1)
@@ -54,8 +59,9 @@ async def test_ackwait_redelivery_and_ack(stan_server: Serve) -> None:
             await nothing_more(sub, 0.5)
 
 
-async def test_max_inflight_holds_back_until_acks(stan_server: Serve) -> None:
-    async with stan_server(config()) as server, connect(CID, "me", port=server.port) as sc:
+@on_both_backends
+async def test_max_inflight_holds_back_until_acks(server: ServerThread) -> None:
+    async with connect(CID, "me", port=server.port) as sc:
         for i in range(10):
             await sc.publish("foo", b"%d" % i)
         async with sc.subscribe("foo", manual_ack=True, max_inflight=3, start_at=StartPosition.FIRST) as sub:
@@ -67,8 +73,9 @@ async def test_max_inflight_holds_back_until_acks(stan_server: Serve) -> None:
             await nothing_more(sub)
 
 
-async def test_durable_resume_after_close(stan_server: Serve) -> None:
-    async with stan_server(config()) as server, connect(CID, "me", port=server.port) as sc:
+@on_both_backends
+async def test_durable_resume_after_close(server: ServerThread) -> None:
+    async with connect(CID, "me", port=server.port) as sc:
         for i in range(1, 4):
             await sc.publish("foo", b"%d" % i)
         async with sc.subscribe(
@@ -88,9 +95,9 @@ async def test_durable_resume_after_close(stan_server: Serve) -> None:
             assert [m.seq for m in await take(sub, 4)] == [1, 2, 3, 4]
 
 
-async def test_queue_member_leaving_hands_its_messages_to_the_others(stan_server: Serve) -> None:
+@on_both_backends
+async def test_queue_member_leaving_hands_its_messages_to_the_others(server: ServerThread) -> None:
     async with (
-        stan_server(config()) as server,
         connect(CID, "a", port=server.port) as a,
         connect(CID, "b", port=server.port) as b,
     ):
@@ -104,21 +111,23 @@ async def test_queue_member_leaving_hands_its_messages_to_the_others(stan_server
             got_b = await take(sub_b, sub_b.pending())
             for m in got_b:
                 m.ack()
-            started = trio.current_time()
+            started = anyio.current_time()
             await sub_a.close()  # leaves with its messages unacked (AckWait is a minute)
             moved = await take(sub_b, len(held_by_a), within=2)
             assert sorted(m.seq for m in moved) == held_by_a and all(m.redelivered for m in moved)
-            assert trio.current_time() - started < 1.0
+            assert anyio.current_time() - started < 1.0
 
 
-async def test_client_survives_tcp_drop_and_keeps_its_session() -> None:
-    async with running(config()) as server, connect(CID, "me", port=server.port, reconnect_wait_s=0.1) as sc:
+@on_both_backends
+@EMBEDDED
+async def test_client_survives_tcp_drop_and_keeps_its_session(server: ServerThread) -> None:
+    async with connect(CID, "me", port=server.port, reconnect_wait_s=0.1) as sc:
         async with sc.subscribe("foo", manual_ack=True, ack_wait=0.3) as sub:
             await sc.publish("foo", b"before")
             (msg,) = await take(sub, 1)
             msg.ack()
             reconnects = sc.nats.reconnects
-            await drop_connections(server)
+            drop_connections(server)
             await eventually(lambda: sc.nats.reconnects > reconnects)
             await sc.publish("foo", b"after")
             (msg,) = await take(sub, 1)
@@ -127,16 +136,36 @@ async def test_client_survives_tcp_drop_and_keeps_its_session() -> None:
             await nothing_more(sub, 0.6)
 
 
-async def drop_connections(server: Running) -> None:
-    for conn in list(server.broker._conns.values()):
-        await trio.aclose_forcefully(conn.stream)
+def drop_connections(server: ServerThread) -> None:
+    """The network drops every connection of the server (done in the server's own loop)."""
+
+    async def drop() -> None:
+        assert server.running is not None
+        for conn in list(server.running.broker._conns.values()):
+            await trio.aclose_forcefully(conn.stream)
+
+    server.call(drop)
 
 
-async def test_redelivered_copies_of_acked_or_queued_messages_are_suppressed() -> None:
-    async with running(config()) as server, connect(CID, "me", port=server.port, reconnect_wait_s=0.1) as sc:
+def pending_of_the_only_subscription(server: ServerThread) -> dict[int, object]:
+    """What the server holds pending for its one subscription (read in the server's own loop)."""
+
+    async def read() -> dict[int, object]:
+        assert server.running is not None
+        engine = server.running.core.engine
+        (sub_id,) = engine.subscriptions()
+        return dict(engine.inspect.pending(sub_id))
+
+    return server.call(read)
+
+
+@on_both_backends
+@EMBEDDED
+async def test_redelivered_copies_of_acked_or_queued_messages_are_suppressed(server: ServerThread) -> None:
+    async with connect(CID, "me", port=server.port, reconnect_wait_s=0.1) as sc:
         async with sc.subscribe("foo", manual_ack=True, ack_wait=0.1) as sub:
             await sc.publish("foo", b"slow")
-            await trio.sleep(0.55)  # the application is busy: copies pile up after each AckWait
+            await anyio.sleep(0.55)  # the application is busy: copies pile up after each AckWait
             (msg,) = await take(sub, 1)
             assert sub.suppressed >= 3 and sub.pending() == 0
             msg.ack()
@@ -145,35 +174,35 @@ async def test_redelivered_copies_of_acked_or_queued_messages_are_suppressed() -
             # An ack lost with the TCP connection: the redelivery is dropped here and re-acknowledged.
             await sc.publish("foo", b"lost-ack")
             (msg,) = await take(sub, 1)
-            await drop_connections(server)
+            drop_connections(server)
             msg.ack()  # goes nowhere: we are disconnected
             before = sub.suppressed
             await eventually(lambda: sub.suppressed > before)
             await nothing_more(sub, 0.3)
-            engine = server.core.engine
-            (sub_id,) = engine.subscriptions()
-            assert engine.inspect.pending(sub_id) == {}
+            assert pending_of_the_only_subscription(server) == {}
 
 
-async def test_without_suppression_every_copy_reaches_the_application(stan_server: Serve) -> None:
+@on_both_backends
+async def test_without_suppression_every_copy_reaches_the_application(server: ServerThread) -> None:
     # What the reference clients do, and what makes a redelivery storm (bench/storm.py's stock run).
-    async with stan_server(config()) as server, connect(CID, "me", port=server.port) as sc:
+    async with connect(CID, "me", port=server.port) as sc:
         async with sc.subscribe("foo", manual_ack=True, ack_wait=0.1, suppress_copies=False) as sub:
             await sc.publish("foo", b"slow")
-            await trio.sleep(0.45)  # the application is busy: copies pile up after each AckWait
+            await anyio.sleep(0.45)  # the application is busy: copies pile up after each AckWait
             copies = await take(sub, sub.pending())
             assert len(copies) >= 3 and {m.seq for m in copies} == {1} and sub.suppressed == 0
             assert [m.attempt for m in copies] == list(range(1, len(copies) + 1))
 
 
-async def test_progress_held_keeps_held_messages_from_redelivery(stan_server: Serve) -> None:
-    async with stan_server(config()) as server, connect(CID, "me", port=server.port) as sc:
+@on_both_backends
+async def test_progress_held_keeps_held_messages_from_redelivery(server: ServerThread) -> None:
+    async with connect(CID, "me", port=server.port) as sc:
         async with sc.subscribe("foo", manual_ack=True, ack_wait=0.2, suppress_copies=False) as sub:
             for i in range(3):
                 await sc.publish("foo", b"%d" % i)
             (first,) = await take(sub, 1)  # handed to the application, the other two wait here
             for _ in range(10):  # 0.6 s: three AckWaits
-                await trio.sleep(0.06)
+                await anyio.sleep(0.06)
                 assert sub.progress_held() == 3
             first.ack()
             rest = await take(sub, 2)
@@ -184,31 +213,25 @@ async def test_progress_held_keeps_held_messages_from_redelivery(stan_server: Se
             assert sub.progress_held() == 0
 
 
-async def test_queue_members_suppress_copies_of_acked_messages() -> None:
-    async with running(config()) as server, connect(CID, "me", port=server.port, reconnect_wait_s=0.1) as sc:
+@on_both_backends
+@EMBEDDED
+async def test_queue_members_suppress_copies_of_acked_messages(server: ServerThread) -> None:
+    async with connect(CID, "me", port=server.port, reconnect_wait_s=0.1) as sc:
         async with sc.subscribe("foo", queue="q", manual_ack=True, ack_wait=0.15) as sub:
             await sc.publish("foo", b"x")
             (msg,) = await take(sub, 1)
-            await drop_connections(server)
+            drop_connections(server)
             msg.ack()
             await eventually(lambda: sub.suppressed > 0)
             await nothing_more(sub, 0.3)
 
 
+@on_both_backends
 async def test_restart_recovery_redelivers_pending_before_new(tmp_path: Path) -> None:
-    port = free_port()
-    cfg = config(tmp_path / "data", port=port)
-    async with trio.open_nursery() as nursery:
-        from streaming.server import serve
-
-        scope = trio.CancelScope()
-
-        async def first_run(task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED) -> None:
-            with scope:
-                await serve(cfg, task_status=task_status)
-
-        await nursery.start(first_run)
-        async with connect(CID, "me", port=port, reconnect_wait_s=0.1) as sc:
+    cfg = config(tmp_path / "data", port=free_port())
+    server = ServerThread(cfg).start()
+    try:
+        async with connect(CID, "me", port=cfg.port, reconnect_wait_s=0.1) as sc:
             sub = await sc.open_subscription("foo", manual_ack=True, ack_wait=60, durable="d")
             for i in range(1, 6):
                 await sc.publish("foo", b"%d" % i)
@@ -216,41 +239,50 @@ async def test_restart_recovery_redelivers_pending_before_new(tmp_path: Path) ->
             got[0].ack()
             got[1].ack()
             await sc.nats.flush()
-            await trio.sleep(0.2)  # the acks reach the store
-            scope.cancel()  # the server stops; the client keeps reconnecting
-            await trio.sleep(0.3)
-            running_again = await nursery.start(serve, cfg)
-            await sc.publish("foo", b"6")  # waits for the reconnect and the recovery hold
-            await sc.publish("foo", b"7")
-            after = await take(sub, 5)
-            assert [(m.seq, m.redelivered) for m in after] == [(3, True), (4, True), (5, True), (6, False), (7, False)]
-            for m in after:
-                m.ack()
-            await nothing_more(sub)
-            await sub.unsubscribe()
-            assert running_again.store.channel_info("foo") is not None
-        nursery.cancel_scope.cancel()
+            await anyio.sleep(0.2)  # the acks reach the store
+            await anyio.to_thread.run_sync(server.stop)  # the server stops; the client keeps reconnecting
+            await anyio.sleep(0.3)
+            with server_thread(cfg) as again:
+                await sc.publish("foo", b"6")  # waits for the reconnect and the recovery hold
+                await sc.publish("foo", b"7")
+                after = await take(sub, 5)
+                assert [(m.seq, m.redelivered) for m in after] == [
+                    (3, True),
+                    (4, True),
+                    (5, True),
+                    (6, False),
+                    (7, False),
+                ]
+                for m in after:
+                    m.ack()
+                await nothing_more(sub)
+                await sub.unsubscribe()
+                assert again.running is not None and again.running.store.channel_info("foo") is not None
+    finally:
+        server.stop()
 
 
-async def test_requests_to_a_closed_client_fail_clearly(stan_server: Serve) -> None:
-    async with stan_server(config()) as server, connect(CID, "me", port=server.port) as sc:
+@on_both_backends
+async def test_requests_to_a_closed_client_fail_clearly(server: ServerThread) -> None:
+    async with connect(CID, "me", port=server.port) as sc:
         await sc.close()
         with pytest.raises(Exception, match="closed"):
             await sc.publish("foo", b"x")
     assert isinstance(sc, StanClient)
 
 
-async def test_unknown_cluster_id_times_out_with_the_stan_message(stan_server: Serve) -> None:
-    async with stan_server(config()) as server:
-        with pytest.raises(StanError, match="connect request timeout"):
-            async with connect("other-cluster", "me", port=server.port, request_timeout_s=0.5):
-                pass
+@on_both_backends
+async def test_unknown_cluster_id_times_out_with_the_stan_message(server: ServerThread) -> None:
+    with pytest.raises(StanError, match="connect request timeout"):
+        async with connect("other-cluster", "me", port=server.port, request_timeout_s=0.5):
+            pass
 
 
-async def test_publish_window_publish_nowait_and_wait_pub_acks(stan_server: Serve) -> None:
-    async with stan_server(config()) as server, connect(CID, "me", port=server.port, max_pub_acks_inflight=8) as sc:
+@on_both_backends
+async def test_publish_window_publish_nowait_and_wait_pub_acks(server: ServerThread) -> None:
+    async with connect(CID, "me", port=server.port, max_pub_acks_inflight=8) as sc:
         futures = [sc.publish_nowait("foo", b"%d" % i) for i in range(8)]
-        with pytest.raises(trio.WouldBlock):
+        with pytest.raises(anyio.WouldBlock):
             sc.publish_nowait("foo", b"too many")
         await sc.wait_pub_acks()
         assert [f.error for f in futures] == [""] * 8
@@ -258,12 +290,14 @@ async def test_publish_window_publish_nowait_and_wait_pub_acks(stan_server: Serv
         later = [await sc.publish_async("foo", b"more") for _ in range(20)]  # waits for room by itself
         await sc.wait_pub_acks()
         assert all(f.done() and f.error == "" for f in later)
-        assert server.store.channel_info("foo") is not None
-        assert server.store.channel_info("foo").last_seq == 28  # type: ignore[union-attr]
+        assert server.running is not None
+        info = server.running.store.channel_info("foo")
+        assert info is not None and info.last_seq == 28
 
 
-async def test_extensions_over_the_wire_dead_letter_backoff_and_in_progress(stan_server: Serve) -> None:
-    async with stan_server(config()) as server, connect(CID, "me", port=server.port) as sc:
+@on_both_backends
+async def test_extensions_over_the_wire_dead_letter_backoff_and_in_progress(server: ServerThread) -> None:
+    async with connect(CID, "me", port=server.port) as sc:
         async with (
             sc.subscribe("dlq", start_at=StartPosition.FIRST) as dead,
             sc.subscribe(
@@ -283,7 +317,29 @@ async def test_extensions_over_the_wire_dead_letter_backoff_and_in_progress(stan
             await sc.publish("slow", b"long job")
             (msg,) = await take(sub, 1)
             for _ in range(6):  # "still working" every 0.15 s resets the 0.6 s AckWait: no redelivery
-                await trio.sleep(0.15)
+                await anyio.sleep(0.15)
                 msg.in_progress()
             msg.ack()
             await nothing_more(sub, 0.5)
+
+
+@on_both_backends
+async def test_the_session_survives_a_sigkilled_server_and_its_restart(tmp_path: Path) -> None:
+    port = free_port()
+    server = ServerProcess(["-p", str(port), "--dir", str(tmp_path / "data")]).start()
+    try:
+        async with connect(CID, "me", port=port, reconnect_wait_s=0.1) as sc:
+            async with sc.subscribe("foo", durable="d", manual_ack=True, ack_wait=60) as sub:
+                await sc.publish("foo", b"before")
+                await take(sub, 1)
+                await anyio.sleep(0.3)  # the subscription's state is stored (within ~30 ms: docs/storage.md)
+                await anyio.to_thread.run_sync(server.kill)  # not acked: pending when the server dies
+                await anyio.to_thread.run_sync(server.start)
+                await sc.publish("foo", b"after")  # once reconnected: the session is still known
+                again = await take(sub, 2)
+                assert [(m.seq, m.redelivered, m.data) for m in again] == [(1, True, b"before"), (2, False, b"after")]
+                for m in again:
+                    m.ack()
+                await nothing_more(sub)
+    finally:
+        server.stop()
