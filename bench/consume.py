@@ -7,7 +7,7 @@ Each case pre-publishes a channel, then times from subscribing to the last messa
 - `10subs`: ten independent subscribers each read the whole channel (deliveries = 10 x messages);
 - `queue4`: a queue group of four members shares the channel.
 Every subscriber has its own connection, all in this process. Systems:
-- ours: STAN subscriptions (MaxInflight 1024, manual ack), our Trio client;
+- ours: STAN subscriptions (MaxInflight 1024, manual ack), our client (under Trio);
 - jetstream / jetstream_sync: push consumers (DeliverAll, AckExplicit, max_ack_pending 1024; the queue
   group is one consumer with a deliver group, so its 1024 is shared by the members), nats-py;
 - redis: XREADGROUP (COUNT up to 1024 minus what is unacked; a consumer group per subscriber, one group

@@ -7,7 +7,7 @@ publisher does not wait for PubAcks, which are collected as they come) and a sub
 connection in the same process acks each message; latency = arrival - send, same clock. The first
 0.5 s are warm-up and not counted. Full: 10 s per system; quick: 4 s. Each server runs on the last
 CPU and the clients on the others (`peers.pin_apart`; `--no-pin` to leave them where Linux puts them).
-- ours: durable publish (PubAck after fsync) to a STAN subscription (manual ack), our Trio client;
+- ours: durable publish (PubAck after fsync) to a STAN subscription (manual ack), our client (under Trio);
 - ours_nosync: the same with `--file_sync=false` (commits flushed every second, not each one): what
   JetStream's default promises, so like for like with it;
 - jetstream: `publish_async` to a stream, push consumer (AckExplicit), nats-py; at its default a

@@ -3,7 +3,7 @@
     python bench/publish.py [--quick] [--json] [--plot FILE.png] [--clients python|node|both]
 
 Systems, each in its own process on loopback, driven from this one:
-- ours: `python -m streaming` (LMDB; a PubAck only after the group commit's fsync), our Trio client;
+- ours: `python -m streaming` (LMDB; a PubAck only after the group commit's fsync), our client (under Trio);
 - jetstream: `nats-server -js`, file storage at its default sync (fsync every 2 minutes), nats-py;
 - jetstream_sync: the same with `sync_interval: always` (an fsync per write, like ours);
 - redis: `redis-server --appendonly yes` (appendfsync everysec, its default), XADD with redis-py.
