@@ -39,6 +39,7 @@ import secrets
 import ssl
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import attrs
@@ -47,7 +48,7 @@ import trio
 from streaming.auth import Authenticator
 from streaming.memory import release_freed_memory
 from streaming.permissions import Compiled
-from streaming.stan.bus import BusStatistics, Handler, SpanListener
+from streaming.stan.bus import BusStatistics, Handler, SpanListener, handle_read
 from streaming.wire import nats as p
 from streaming.wire.sockets import write_now
 from streaming.wire.subjects import Sublist, valid_literal, valid_subject
@@ -604,6 +605,7 @@ class Broker:
         stream = conn.stream
         parser = conn.parser
         listeners = self._span_listeners
+        handle_span = partial(self._handle_span, conn, parser)
         while not conn.closing:
             try:
                 data = await stream.receive_some(_READ_SIZE)
@@ -612,29 +614,8 @@ class Broker:
             if not data:
                 return
             parser.receive_data(data if type(data) is bytes else bytes(data))  # TLS reads are bytearrays
-            full = len(data) == _READ_SIZE  # the socket likely holds more
             try:
-                while True:
-                    # One synchronous span of the chunk: its replies and what its listeners set off
-                    # (deliveries, PubAcks) leave in one write per connection as it ends.
-                    with self.holding_writes():
-                        for listener in listeners:
-                            listener.span_started()
-                        more_input = True
-                        try:
-                            waits, more = self._handle_span(conn, parser)
-                            more_input = more or full
-                        finally:
-                            for listener in listeners:
-                                listener.span_ended(more_input=more_input)
-                    for wait in waits:
-                        await wait
-                    if not more:
-                        break
-                    if not waits:
-                        # A 64 KiB read of acks is ~900 events, several ms of work: in slices, the
-                        # writers and the expiry worker keep a slow reader's socket fed meanwhile.
-                        await trio.lowlevel.checkpoint()
+                await handle_read(self.holding_writes, listeners, handle_span, full=len(data) == _READ_SIZE)
             except p.RemoteProtocolError as exc:
                 log.info("connection %d (%s): protocol error: %s", conn.cid, conn.remote, exc)
                 self.protocol_errors[_ERROR_KINDS.get(str(exc), "other")] += 1

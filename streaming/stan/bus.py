@@ -18,6 +18,7 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 import attrs
+import trio
 
 from streaming.auth import Authenticator
 from streaming.permissions import Compiled
@@ -31,6 +32,42 @@ class SpanListener(Protocol):
 
     def span_ended(self, *, more_input: bool) -> None:
         """The span is handled; `more_input`: that reader has more (unparsed, or after a full read)."""
+
+
+async def handle_read(
+    holding: Callable[[], AbstractContextManager[None]],
+    listeners: list[SpanListener],
+    handle_span: Callable[[], tuple[list[Awaitable[None]], bool]],
+    *,
+    full: bool,
+) -> None:
+    """Handle what one read of a socket brought, span by span; both buses read this way.
+
+    Each span is synchronous: `handle_span()` handles events until the data runs out (`more` False),
+    a handler asks to be awaited, or a slice of events is done. The span's replies and what its
+    listeners set off (deliveries, PubAcks) leave in one write per connection as it ends (inside
+    `holding()`). Awaitables a handler returned are awaited before the next span, so one
+    connection's requests stay in order. `full`: the read filled the buffer, so the socket likely
+    holds more input (listeners hear it as `more_input`)."""
+    while True:
+        with holding():
+            for listener in listeners:
+                listener.span_started()
+            more_input = True
+            try:
+                waits, more = handle_span()
+                more_input = more or full
+            finally:
+                for listener in listeners:
+                    listener.span_ended(more_input=more_input)
+        for wait in waits:
+            await wait
+        if not more:
+            return
+        if not waits:
+            # A 64 KiB read of acks is ~900 events, several ms of work: in slices, the writers and
+            # the expiry worker keep a slow reader's socket fed meanwhile.
+            await trio.lowlevel.checkpoint()
 
 
 @attrs.frozen

@@ -169,30 +169,30 @@ class Clients:
                 return errors.CLIENT_ALREADY_REGISTERED
         if not self._broker.client_connected(conn):
             conn = 0  # its connection closed while the old holder was probed
-        client = self._add(record, conn)
-        self._core.pipeline.add_client(client_id)
-        # Stored before the answer, unless the store refuses writes (a full disk): the client is
-        # served from memory then, and its record is written with the rest of the state once it can.
-        runtime = self._core.runtime
-        runtime.queue_updates([SaveClient(record)])
-        if not await runtime.write_now():
-            log.warning("client %r is served, but its registration waits for the store to take writes", client_id)
-        if self._nursery is not None:
-            self._nursery.start_soon(self._heartbeat, client)
+        await self._admit(record, conn)
         return ""
 
     async def adopt(self, record: ClientRecord) -> None:
         """Register a client another server of a partitioned cluster registered (its connect came
         while this server was down): no duplicate-ID probe, the other server made it."""
-        if record.client_id in self._by_id:
-            return
-        client = self._add(record)
+        if record.client_id not in self._by_id:
+            await self._admit(record, 0)
+            log.info("client %r adopted from another server of the cluster ID", record.client_id)
+
+    async def _admit(self, record: ClientRecord, conn: int) -> None:
+        """Add a client: to the registry and the core, to the store, and to the heartbeats."""
+        client = self._add(record, conn)
         self._core.pipeline.add_client(record.client_id)
-        self._core.runtime.queue_updates([SaveClient(record)])
-        log.info("client %r adopted from another server of the cluster ID", record.client_id)
+        # Stored before the answer, unless the store refuses writes (a full disk): the client is
+        # served from memory then, and its record is written with the rest of the state once it can.
+        runtime = self._core.runtime
+        runtime.queue_updates([SaveClient(record)])
+        if not await runtime.write_now():
+            log.warning(
+                "client %r is served, but its registration waits for the store to take writes", record.client_id
+            )
         if self._nursery is not None:
             self._nursery.start_soon(self._heartbeat, client)
-        await trio.lowlevel.checkpoint()
 
     async def close(self, client: Client) -> None:
         client_id = client.record.client_id

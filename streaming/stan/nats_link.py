@@ -27,13 +27,14 @@ import itertools
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Iterator
+from functools import partial
 
 import attrs
 import trio
 
 from streaming.auth import Authenticator, NkeySeed
 from streaming.permissions import Compiled
-from streaming.stan.bus import BusStatistics, Handler, SpanListener
+from streaming.stan.bus import BusStatistics, Handler, SpanListener, handle_read
 from streaming.wire import nats as p
 from streaming.wire.sockets import write_now
 from streaming.wire.urls import ServerUrl, discovered
@@ -410,32 +411,14 @@ class NatsLink:
     async def _reader(self, lost: trio.CancelScope) -> None:
         assert self._stream is not None
         stream, parser, listeners = self._stream, self._parser, self._span_listeners
+        handle_span = partial(self._handle_span, parser)
         try:
             while True:
                 data = await stream.receive_some(_READ_SIZE)
                 if not data:
                     break
                 parser.receive_data(data if type(data) is bytes else bytes(data))
-                full = len(data) == _READ_SIZE
-                while True:
-                    with self.holding_writes():
-                        for listener in listeners:
-                            listener.span_started()
-                        more = True
-                        try:
-                            waits, more = self._handle_span(parser)
-                        finally:
-                            for listener in listeners:
-                                listener.span_ended(more_input=more or full)
-                    for wait in waits:
-                        try:
-                            await wait
-                        except Exception:
-                            log.exception("a request from the NATS cluster failed")
-                    if not more:
-                        break
-                    if not waits:
-                        await trio.lowlevel.checkpoint()
+                await handle_read(self.holding_writes, listeners, handle_span, full=len(data) == _READ_SIZE)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             log.debug("NATS connection lost: %s", exc)
         except p.RemoteProtocolError as exc:
@@ -460,7 +443,7 @@ class NatsLink:
                     log.exception("handling a message on %s failed", event.subject)
                     continue
                 if result is not None:
-                    return [result], True
+                    return [_logging_failure(result, event.subject)], True
             else:
                 assert isinstance(event, p.Event)
                 self._on_control(event)
@@ -506,6 +489,14 @@ class NatsLink:
                 return
             self._pings_out += 1
             self._queue(p.PING_BYTES)
+
+
+async def _logging_failure(wait: Awaitable[None], subject: str) -> None:
+    """A handler's awaitable whose failure is logged: one bad request must not cost the link."""
+    try:
+        await wait
+    except Exception:
+        log.exception("handling a message on %s failed", subject)
 
 
 async def _next_event(stream: trio.abc.Stream, parser: p.ClientConnection) -> p.Event:
