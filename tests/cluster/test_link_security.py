@@ -13,10 +13,10 @@ import nkeys
 import pytest
 import trio
 
+from bench.peers import NatsNode, nats_cluster
 from streaming.client import StartPosition, connect
 from streaming.wire.stan_pb import protocol_pb2 as pb
 from tests.cluster.creds import operator_mode
-from tests.cluster.harness import NatsNode, nats_cluster
 from tests.wire.certs import make_certs
 from tests.wire.servers import ATTACHED, ServerProcess
 

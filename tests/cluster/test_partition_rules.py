@@ -15,6 +15,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench.peers import nats_cluster
 from streaming.auth import NkeySeed, _signed
 from streaming.stan.partitions import (
     Claim,
@@ -28,7 +29,6 @@ from streaming.stan.partitions import (
 from streaming.wire import nats as p
 from streaming.wire.subjects import matches
 from streaming.wire.urls import ServerUrl, discovered, parse_url, parse_urls
-from tests.cluster.harness import nats_cluster
 from tests.wire.servers import RawClient
 
 TOKENS = ["a", "b"]

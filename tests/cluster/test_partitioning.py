@@ -17,11 +17,11 @@ import httpx
 import pytest
 import trio
 
+from bench.peers import NatsNode, nats_cluster
 from streaming.client import Msg, StanError, StartPosition, Subscription, connect
 from streaming.config import ChannelConfig
 from streaming.wire import nats as p
 from streaming.wire.stan_pb import protocol_pb2 as pb
-from tests.cluster.harness import NatsNode, nats_cluster
 from tests.wire.backends import on_both_backends
 from tests.wire.servers import ATTACHED, RawClient, ServerProcess, config, eventually, running
 from tests.wire.test_peers import NODE_DIR, node, run_node

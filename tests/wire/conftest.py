@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import attrs
 import pytest
 
-from tests.cluster.harness import NatsNode, nats_cluster
+from bench.peers import NatsNode, nats_cluster
 from tests.wire.backends import ServerThread, server_thread
 from tests.wire.servers import config
 
