@@ -139,6 +139,13 @@ class Pipeline:
             self.settle()
         return acked
 
+    def ack_many(self, sub_id: int, seqs: list[int]) -> int:
+        """`ack` of each of `seqs` on one subscription, settled once; how many counted."""
+        acked = self.engine.ack_many(sub_id, seqs, self.clock())
+        if not self._deferring:
+            self.settle()
+        return acked
+
     def set_window(self, sub_id: int, window: int) -> None:
         """Deliveries on demand: how many pending messages the subscription may hold (see
         `Engine.set_window`); what a wider window lets through is delivered before this returns."""

@@ -48,7 +48,7 @@ import trio
 from streaming.auth import Authenticator
 from streaming.memory import release_freed_memory
 from streaming.permissions import Compiled
-from streaming.stan.bus import BusStatistics, Handler, SpanListener, handle_read
+from streaming.stan.bus import BusStatistics, Handler, RunHandler, SpanListener, handle_read
 from streaming.wire import nats as p
 from streaming.wire.sockets import write_now
 from streaming.wire.subjects import Sublist, valid_literal, valid_subject
@@ -99,14 +99,23 @@ PROTOCOL_ERROR_KINDS = (*_ERROR_KINDS.values(), "permissions", "authorization", 
 class _Sub:
     """One subscription: a remote connection's sid, or an in-process handler (conn is None)."""
 
-    __slots__ = ("conn", "delivered", "denied", "handler", "literal", "max_msgs", "queue", "sid", "subject")
+    __slots__ = ("conn", "delivered", "denied", "handler", "literal", "max_msgs", "queue", "runs", "sid", "subject")
 
-    def __init__(self, conn: Connection | None, sid: str, subject: str, queue: str, handler: Handler | None) -> None:
+    def __init__(
+        self,
+        conn: Connection | None,
+        sid: str,
+        subject: str,
+        queue: str,
+        handler: Handler | None,
+        runs: RunHandler | None = None,
+    ) -> None:
         self.conn = conn
         self.sid = sid
         self.subject = subject
         self.queue = queue
         self.handler = handler
+        self.runs = runs
         self.max_msgs: int | None = None
         self.delivered = 0
         self.literal = "*" not in subject and ">" not in subject
@@ -238,6 +247,7 @@ class Broker:
         self._internal: tuple[str, ...] = (_INTERNAL,)
         self._reserved: dict[str, int] = {}  # subject -> owning connection (0: away)
         self.sender = 0  # the connection whose message is being handled (0: none, or in-process)
+        self._run_rest = 0  # how many PUBs after the one `_on_pub` handled went with it, as a run
         self.holding = 0  # depth of `holding_writes` blocks
         self.held: list[Connection] = []  # connections with bytes queued inside them
         self.port = 0
@@ -248,11 +258,11 @@ class Broker:
 
     # -- in-process API --------------------------------------------------------------------------
 
-    def subscribe(self, subject: str, handler: Handler, queue: str = "") -> object:
-        """Register an in-process subscriber; returns a token for `unsubscribe`."""
+    def subscribe(self, subject: str, handler: Handler, queue: str = "", *, runs: RunHandler | None = None) -> object:
+        """Register an in-process subscriber; returns a token for `unsubscribe`. `runs`: see `Bus`."""
         if not valid_subject(subject):
             raise ValueError(f"invalid subject {subject!r}")
-        sub = _Sub(None, "", subject, queue, handler)
+        sub = _Sub(None, "", subject, queue, handler, runs)
         self._sublist.add(sub, subject, queue)
         return sub
 
@@ -385,10 +395,13 @@ class Broker:
             self.out_bytes += sum(map(len, payloads))
             sub.delivered += len(payloads)
 
-    def _route(self, subject: str, reply: str, payload: bytes, origin: Connection | None) -> list[Awaitable[None]]:
+    def _route(
+        self, subject: str, reply: str, payload: bytes, origin: Connection | None, subs: list[_Sub] | None = None
+    ) -> list[Awaitable[None]]:
+        """Hand a message to everyone it reaches (`subs`: `subject`'s match, if the caller has it)."""
         waits: list[Awaitable[None]] = _NO_WAITS  # allocated only when a handler returns something
         allowed: int | None = None  # looked up at the first remote receiver: acks have none
-        for sub in self._sublist.match(subject):
+        for sub in self._sublist.match(subject) if subs is None else subs:
             conn = sub.conn
             if conn is None:
                 assert sub.handler is not None
@@ -627,14 +640,17 @@ class Broker:
         or `_EVENTS_PER_STEP` were handled."""
         if not conn.authorized:
             return self._handle_unauthorized(conn, parser)
-        for _ in range(_EVENTS_PER_STEP):
+        budget = _EVENTS_PER_STEP
+        while budget > 0:
+            budget -= 1
             event = parser.next_event()
             if event is p.NEED_DATA:
                 return _NO_WAITS, False
             if type(event) is p.Pub:
-                waits = self._on_pub(conn, event)
+                waits = self._on_pub(conn, event, parser, budget)
                 if waits:
                     return waits, True
+                budget -= self._run_rest
             else:
                 assert isinstance(event, p.Event)
                 self._on_control(conn, event)
@@ -673,7 +689,10 @@ class Broker:
         self.protocol_errors["authorization"] += 1
         conn.fail(p.AUTHORIZATION_VIOLATION)
 
-    def _on_pub(self, conn: Connection, event: p.Pub) -> list[Awaitable[None]]:
+    def _on_pub(self, conn: Connection, event: p.Pub, parser: p.ServerConnection, budget: int) -> list[Awaitable[None]]:
+        """Route one PUB; or, when its subject goes to a run-taking handler alone, it and up to `budget`
+        identical PUBs right after it (`_run_rest` says how many more were taken)."""
+        self._run_rest = 0
         self.in_msgs += 1
         self.in_bytes += len(event.payload)
         if conn.pedantic and not valid_literal(event.subject):
@@ -688,7 +707,19 @@ class Broker:
             return []
         self.sender = conn.cid
         try:
-            return self._route(event.subject, event.reply, event.payload, conn)
+            subs = self._sublist.match(event.subject)
+            if len(subs) == 1 and subs[0].runs is not None and budget and not conn.verbose:
+                payloads = [event.payload]
+                more = parser.repeats(budget)
+                if more:
+                    # The same subject, reply and connection: everything checked above holds for each.
+                    self._run_rest = len(more)
+                    self.in_msgs += len(more)
+                    self.in_bytes += len(event.payload) * len(more)
+                    payloads += more
+                result = subs[0].runs(event.subject, event.reply, payloads)
+                return _NO_WAITS if result is None else [result]
+            return self._route(event.subject, event.reply, event.payload, conn, subs)
         finally:
             self.sender = 0
 

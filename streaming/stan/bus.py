@@ -24,6 +24,11 @@ from streaming.auth import Authenticator
 from streaming.permissions import Compiled
 
 Handler = Callable[[str, str, bytes], Awaitable[None] | None]
+# Takes a run of messages on one subject with one reply, payloads in arrival order: a read's burst of
+# acks to one ack inbox, or of publishes to one channel, in one call. It may return an awaitable, as a
+# Handler may, which the reader awaits after the whole run (a bound it keeps, like back-pressure on the
+# commit queue, is then exceeded by at most one run).
+RunHandler = Callable[[str, str, list[bytes]], Awaitable[None] | None]
 
 
 class SpanListener(Protocol):
@@ -96,7 +101,10 @@ class Bus(Protocol):
     def url(self) -> str:
         """Where clients reach this bus ("" for the embedded broker before it listens)."""
 
-    def subscribe(self, subject: str, handler: Handler, queue: str = "") -> object: ...
+    def subscribe(self, subject: str, handler: Handler, queue: str = "", *, runs: RunHandler | None = None) -> object:
+        """Register an in-process subscriber. With `runs`, messages that arrive back to back on one
+        connection with the same subject and reply may come to `runs` together instead of to
+        `handler` one by one (where the bus sees them together and `subject` reaches nobody else)."""
 
     def unsubscribe(self, token: object) -> None: ...
 

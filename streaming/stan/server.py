@@ -122,8 +122,11 @@ class StanServer:
             b.subscribe(self.discover_subject, self._on_connect)
             b.subscribe(self.ping_subject, self._on_ping)
             partition = self.partition
-            for subject in [f"{self.pub_prefix}.>"] if partition is None else partition.publish_subjects(cid):
-                b.subscribe(subject, self._on_publish)
+            if partition is None:
+                b.subscribe(f"{self.pub_prefix}.>", self._on_publish, runs=self._on_publishes)
+            else:  # a publish may wait for its client's connect, and the ones after it wait behind it
+                for subject in partition.publish_subjects(cid):
+                    b.subscribe(subject, self._on_publish)
             b.subscribe(self.sub_subject, self._on_subscribe)
             b.subscribe(self.unsub_subject, partial(self._on_unsubscribe, close=False))
             b.subscribe(self.subclose_subject, partial(self._on_unsubscribe, close=True))
@@ -132,7 +135,7 @@ class StanServer:
                 b.subscribe(self.peers_subject, self._on_client_lookup)
                 b.subscribe(f"{self._found_prefix}.*", self._on_client_found)
             for prefix in self._ack_prefixes(r.record.ack_inbox for r in self.core.recovered.subscriptions):
-                b.subscribe(f"{prefix}.*", self._on_ack)
+                b.subscribe(f"{prefix}.*", self._on_ack, runs=self._on_acks)
             b.add_span_listener(self.core)
             log.info(
                 "STAN cluster %r ready: %d channels, %d clients, %d subscriptions recovered",
@@ -234,22 +237,33 @@ class StanServer:
     # -- publish and ack (hot paths: no awaits unless the commit queue is full) -------------------
 
     def _on_publish(self, subject: str, reply: str, payload: bytes) -> Awaitable[None] | None:
-        sender = self.broker.sender
-        try:
-            message = parse_publish(payload)
-        except InvalidRequest as exc:
-            self._respond(reply, pb.PubAck(guid=exc.guid, error=str(exc)), sender)
-            return None
-        client = self._publisher(message, sender)
-        if self.partition is not None and (client is None or self._late):
-            return self._wait_for_publisher(message, reply, sender, client)
-        if client is None:
-            self._respond(reply, pb.PubAck(guid=message.guid, error=errors.INVALID_PUBLISH), sender)
-            return None
-        return self._accept_publish(message, reply, sender, client)
+        return self._on_publishes(subject, reply, [payload])
 
-    def _publisher(self, message: pb.PubMsg, sender: int) -> Client | None:
-        conn_id = message.connID  # each field is read once: a read builds a new object each time
+    def _on_publishes(self, subject: str, reply: str, payloads: list[bytes]) -> Awaitable[None] | None:
+        """Publishes from one connection with one PubAck inbox, one or a run of them. When the commit
+        queue fills meanwhile, the reader waits for room after the run."""
+        sender, partitioned = self.broker.sender, self.partition is not None
+        wait = client = None
+        last_conn_id = b""
+        for payload in payloads:
+            try:
+                message = parse_publish(payload)
+            except InvalidRequest as exc:
+                self._respond(reply, pb.PubAck(guid=exc.guid, error=str(exc)), sender)
+                continue
+            conn_id = message.connID  # each field is read once: a read builds a new object each time
+            if not conn_id or conn_id != last_conn_id:  # a run's publishes carry one: one lookup
+                client, last_conn_id = self._publisher(message, conn_id, sender), conn_id
+            if partitioned and (client is None or self._late):
+                wait = self._wait_for_publisher(message, reply, sender, client) or wait
+            elif client is None:
+                self._respond(reply, pb.PubAck(guid=message.guid, error=errors.INVALID_PUBLISH), sender)
+            else:
+                wait = self._accept_publish(message, reply, sender, client) or wait
+        return wait
+
+    def _publisher(self, message: pb.PubMsg, conn_id: bytes, sender: int) -> Client | None:
+        """Who sent `message` (`conn_id`: its connID), if a known client did."""
         clients = self.clients
         if conn_id:  # the connID proves who it is: a client that came back on a new connection moves
             return clients.proven(conn_id, sender)
@@ -280,10 +294,12 @@ class StanServer:
         waiting = self._late[key]
         message, _, sender = waiting[0]
         with trio.move_on_after(LATE_CLIENT_WAIT_S):
-            await self._find_client(lambda: self._publisher(message, sender), message.connID, message.clientID)
+            await self._find_client(
+                lambda: self._publisher(message, message.connID, sender), message.connID, message.clientID
+            )
         del self._late[key]
         for message, reply, sender in waiting:
-            client = self._publisher(message, sender)
+            client = self._publisher(message, message.connID, sender)
             if client is None:
                 self._respond(reply, pb.PubAck(guid=message.guid, error=errors.INVALID_PUBLISH), sender)
                 continue
@@ -309,7 +325,11 @@ class StanServer:
         return self._publish(Publish(channel, message.data, message.reply, message.guid, reply, self.outbound))
 
     def _on_ack(self, subject: str, reply: str, payload: bytes) -> None:
-        pipeline = self._pipeline
+        self._on_acks(subject, reply, [payload])
+
+    def _on_acks(self, subject: str, reply: str, payloads: list[bytes]) -> None:
+        """Acks sent to one subscription's ack inbox, one or a run of them from one connection: the
+        sender is checked once, and the acks go to the engine together (one fill of the subscription)."""
         target = self._engine.ack_target(subject)
         if target is None:
             return
@@ -318,15 +338,23 @@ class StanServer:
         sender = self.broker.sender
         if client is None or (client.conn != sender and self.clients.acting_for(client_id, sender) is None):
             return  # not its subscription's connection: acks are never taken for another client
-        try:
-            ack = pb.Ack.FromString(payload)
-        except Exception:
-            log.info("ignored an undecodable ack on %s", subject)
-            return
-        if ack.inProgress:
-            pipeline.ack_progress(sub_id, ack.sequence)
-        else:
-            pipeline.ack(sub_id, ack.sequence)
+        decode = pb.Ack.FromString
+        seqs: list[int] = []
+        for payload in payloads:
+            try:
+                ack = decode(payload)
+            except Exception:
+                log.info("ignored an undecodable ack on %s", subject)
+                continue
+            if ack.inProgress:
+                if seqs:  # in their order: acks before it settle first
+                    self._pipeline.ack_many(sub_id, seqs)
+                    seqs = []
+                self._pipeline.ack_progress(sub_id, ack.sequence)
+            else:
+                seqs.append(ack.sequence)
+        if seqs:
+            self._pipeline.ack_many(sub_id, seqs)
 
     # -- subscriptions ---------------------------------------------------------------------------
 

@@ -194,9 +194,11 @@ class _Parser:
         if end - start > self.max_payload or buf[end : end + 2] != b"\r\n":
             return None
         try:
-            return self._fast_event(args, with_reply, bytes(buf[start:end])), end + 2
+            event = self._fast_event(args, with_reply, bytes(buf[start:end]))
         except UnicodeDecodeError:
             return None  # the general path reports it
+        self._line_at = pos
+        return event, end + 2
 
     def __init__(self, max_payload: int, max_control_line: int) -> None:
         self.max_payload = max_payload
@@ -204,6 +206,7 @@ class _Parser:
         self._buf = bytearray()
         self._pos = 0
         self._payload: tuple[Any, int] | None = None  # (header, size) of a message awaiting its payload
+        self._line_at = -1  # where the last event's control line starts, if the fast path made it
         self.closed = False
 
     def receive_data(self, data: bytes) -> None:
@@ -215,6 +218,7 @@ class _Parser:
             elif self._pos > 65536:
                 del buf[: self._pos]
                 self._pos = 0
+        self._line_at = -1
         buf += data
 
     @property
@@ -228,7 +232,9 @@ class _Parser:
             if found is not None:
                 event, self._pos = found
                 return event
+            self._line_at = -1
         else:
+            self._line_at = -1
             header, size = self._payload
             end = self._pos + size
             if len(buf) < end + 2:
@@ -258,6 +264,28 @@ class _Parser:
         op = parts[0].upper()
         rest = parts[1] if len(parts) > 1 else b""
         return self._control(op, rest)
+
+    def repeats(self, limit: int) -> list[bytes]:
+        """The payloads of up to `limit` operations right after the last event that repeat its control
+        line byte for byte (the same verb, subject, reply and size): a burst of acks to one inbox, or
+        of publishes to one channel, comes to a run-taking handler in one call. Only a message the
+        fast path made has runs ([] otherwise); what follows a run is parsed as usual."""
+        at = self._line_at
+        if at < 0:
+            return []
+        buf, pos = self._buf, self._pos
+        nl = buf.find(b"\n", at)
+        line = bytes(buf[at : nl + 1])
+        size = pos - nl - 3  # the last event's payload ran from after its line to its CRLF at pos - 2
+        step = len(line) + size + 2
+        out: list[bytes] = []
+        while limit > 0 and buf.startswith(line, pos) and buf[pos + step - 2 : pos + step] == b"\r\n":
+            out.append(bytes(buf[pos + len(line) : pos + step - 2]))
+            pos += step
+            limit -= 1
+        if out:
+            self._pos, self._line_at = pos, pos - step
+        return out
 
     def _expect_payload(self, header: Any, size: int) -> Event | _NeedData:
         if size > self.max_payload:

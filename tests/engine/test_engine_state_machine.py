@@ -213,6 +213,26 @@ class EngineMachine(RuleBasedStateMachine):
         self.model.sent.pop((owner, seq), None)
 
     @precondition(lambda self: self._online())
+    @rule(data=st.data())
+    def ack_run(self, data: st.DataObject) -> None:
+        """A read's burst of acks to one subscription in one call: its own pending messages, other
+        members', stale and repeated sequences, in any order. Each pending one counts once."""
+        sub_id = data.draw(st.sampled_from(self._online()))
+        owner = self._owner(sub_id)
+        members = self._members(owner)
+        held = {seq for m in members for seq in self.h.engine.inspect.pending(m)}
+        acker = data.draw(st.sampled_from([m for m in members if self.h.engine.is_online(m)]))
+        some_seq = st.integers(0, 80) if not held else st.one_of(st.sampled_from(sorted(held)), st.integers(0, 80))
+        seqs = data.draw(st.lists(some_seq, max_size=8))
+        acked = held.intersection(seqs)
+        assert self.h.pipeline.ack_many(acker, seqs) == len(acked)
+        for seq in acked:
+            self.model.acked.setdefault(owner, set()).add(seq)
+            self.model.sent.pop((owner, seq), None)
+        still = {seq for m in members for seq in self.h.engine.inspect.pending(m)}
+        assert not still & acked, "an acked message is still pending"
+
+    @precondition(lambda self: self._online())
     @rule(data=st.data(), seq=st.integers(0, 80))
     def ack_stale_or_duplicate(self, data: st.DataObject, seq: int) -> None:
         sub_id = data.draw(st.sampled_from(self._online()))
@@ -403,6 +423,22 @@ class EngineMachine(RuleBasedStateMachine):
                 sent = self.model.sent.get((owner, seq))
                 assert sent is not None
                 assert now < max(sent.at, recovered) + sent.delay + EPS, f"I6: {seq} overdue on {sub_id}"
+
+    @invariant()
+    def a_subscription_with_room_is_fed(self) -> None:
+        """I8: a healthy subscription outside queue groups with room under its MaxInflight (or window)
+        has been sent everything stored: an ack that frees a slot fills it."""
+        info = self.h.store.channel_info(CHANNEL)
+        if info is None:
+            return
+        for sub_id in self._online():
+            record = self.h.engine.subscription(sub_id)
+            assert record is not None
+            if record.queue_group or record.client_id in self.hb_failed:
+                continue
+            window = self.model.window.get(sub_id, self.model.max_inflight[sub_id])
+            if len(self.h.engine.inspect.pending(sub_id)) < window:
+                assert record.last_sent >= info.last_seq, f"I8: {sub_id} has room but was not sent {info.last_seq}"
 
     @invariant()
     def dead_letters_exactly_once(self) -> None:

@@ -7,6 +7,7 @@ import contextlib
 import itertools
 from collections.abc import Callable
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -164,6 +165,61 @@ def test_the_fast_path_for_messages_parses_as_the_general_path(
     fast = fast_side(max_payload=10, max_control_line=max_control_line)
     general = general_side(max_payload=10, max_control_line=max_control_line)
     assert _outcome(fast, raw, cuts) == _outcome(general, raw, cuts)
+
+
+def _outcome_in_runs(
+    conn: p.ServerConnection | p.ClientConnection, data: bytes, cuts: list[int], limit: int
+) -> tuple[list[object], str | None]:
+    """`_outcome`, taking after each message the run of identical ones that follow it, as a bus does."""
+    events: list[object] = []
+    bounds = [0, *sorted({c % (len(data) + 1) for c in cuts}), len(data)]
+    try:
+        for start, end in itertools.pairwise(bounds):
+            conn.receive_data(data[start:end])
+            while (event := conn.next_event()) is not p.NEED_DATA:
+                events.append(event)
+                if isinstance(event, p.Pub | p.Msg):
+                    events += [attrs.evolve(event, payload=payload) for payload in conn.repeats(limit)]
+    except p.RemoteProtocolError as exc:
+        return events, str(exc)
+    return events, None
+
+
+@pytest.mark.parametrize(("fast_side", "general_side", "frames"), SIDES)
+@settings(max_examples=400, deadline=None)
+@given(
+    data=st.data(),
+    times=st.integers(1, 6),
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=4),
+    limit=st.integers(0, 4),
+)
+def test_runs_of_repeated_messages_parse_as_one_by_one(
+    fast_side: Callable[..., p.ServerConnection | p.ClientConnection],
+    general_side: Callable[..., p.ServerConnection | p.ClientConnection],
+    frames: st.SearchStrategy[bytes],
+    data: st.DataObject,
+    times: int,
+    cuts: list[int],
+    limit: int,
+) -> None:
+    """A burst of acks or publishes repeats one control line: taken as a run (at most `limit` at a
+    time), it is the same messages, in order, and what follows parses as it would have."""
+    raw = data.draw(frames) * times + data.draw(st.one_of(st.just(b""), frames, publishish))
+    fast = fast_side(max_payload=10, max_control_line=4096)
+    general = general_side(max_payload=10, max_control_line=4096)
+    assert _outcome_in_runs(fast, raw, cuts, limit) == _outcome(general, raw, cuts)
+
+
+def test_a_run_is_the_messages_that_repeat_the_line_exactly() -> None:
+    conn = p.ServerConnection()
+    conn.receive_data(b"PUB a 2\r\nhi\r\nPUB a 2\r\nho\r\nPUB a 2\r\nhu\r\nPUB a 3\r\nhey\r\nPUB a 3\r\nyes\r\n")
+    assert conn.next_event() == p.Pub("a", "", b"hi")
+    assert conn.repeats(1) == [b"ho"]
+    assert conn.repeats(9) == [b"hu"]  # a different size ends the run
+    assert conn.next_event() == p.Pub("a", "", b"hey")
+    assert conn.repeats(9) == [b"yes"]
+    assert conn.next_event() is p.NEED_DATA
+    assert conn.repeats(9) == []
 
 
 def test_the_fast_path_takes_what_peers_send() -> None:

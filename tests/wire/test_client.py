@@ -74,6 +74,29 @@ async def test_max_inflight_holds_back_until_acks(server: ServerThread) -> None:
 
 
 @on_both_backends
+async def test_a_burst_of_acks_is_taken_ack_by_ack(server: ServerThread) -> None:
+    """Acks sent back to back repeat one NATS line and may reach the server as one run: each is taken,
+    an in-progress one restarts only its own wait, and what was not acked comes back."""
+    async with connect(CID, "me", port=server.port) as sc:
+        for i in range(8):
+            await sc.publish("burst", b"%d" % i)
+        async with sc.subscribe("burst", manual_ack=True, ack_wait=1.0, start_at=StartPosition.FIRST) as sub:
+            got = await take(sub, 8)
+            for msg in got[:5]:
+                msg.ack()
+            await anyio.sleep(0.5)
+            got[5].in_progress()
+            got[6].in_progress()
+            (first,) = await take(sub, 1, within=2.0)
+            assert (first.seq, first.redelivered) == (8, True)  # 6 and 7 asked for more time
+            again = await take(sub, 2)
+            assert [(m.seq, m.redelivered) for m in again] == [(6, True), (7, True)]
+            for msg in [first, *again]:
+                msg.ack()
+            await nothing_more(sub, 0.8)
+
+
+@on_both_backends
 async def test_durable_resume_after_close(server: ServerThread) -> None:
     async with connect(CID, "me", port=server.port) as sc:
         for i in range(1, 4):

@@ -496,6 +496,41 @@ class Engine:
             self._to_pump[owner_id] = now
         return True
 
+    def ack_many(self, sub_id: int, seqs: list[int], now: float) -> int:
+        """`ack` of each of `seqs` on one subscription (a read's burst of acks); how many counted."""
+        sub = self._subs.get(sub_id)
+        if sub is None:
+            return 0
+        pending, own_id, updates = sub.pending, sub.record.sub_id, self._updates
+        run = self._ack_run if self._observers else None
+        if run is not None and run.sub is not sub.ref:
+            run = None
+        acked = 0
+        for seq in seqs:
+            removed = pending.remove(seq)
+            if removed is None:
+                # Unknown, a duplicate, or held by another member of its queue group: the general way.
+                acked += self.ack(sub_id, seq, now)
+                run = None  # `ack` may have started another member's run
+                continue
+            acked += 1
+            updates.append(ClearPending(own_id, seq))
+            if self._observers:
+                if run is None:
+                    run = self._ack_run
+                    if run is None or run.sub is not sub.ref:
+                        self._ack_run = run = AckedRun(sub.ref, now, [], [])
+                        self._events.append(run)
+                run.seqs.append(seq)
+                run.acked.append(removed)
+                if removed[0] != 1:
+                    run.first_attempts = False
+        if acked:
+            self._timers.add(own_id)
+            if sub.online:
+                self._to_pump[own_id] = now
+        return acked
+
     def set_window(self, sub_id: int, window: int, now: float) -> None:
         """Deliveries on demand: the subscription may hold `window` pending messages (never more than
         its MaxInflight) before new ones wait. A wider window is filled at the next `take_effects`;
