@@ -19,6 +19,7 @@ from storage.records import (
     AppendResult,
     ChannelInfo,
     ClearPending,
+    ClearPendingRun,
     ClientRecord,
     DeleteClient,
     DeleteSubscription,
@@ -32,6 +33,7 @@ from storage.records import (
     ServerInfo,
     SetLastSent,
     SetPending,
+    SetPendingRun,
     SubscriptionRecord,
     SubUpdate,
 )
@@ -158,7 +160,16 @@ class MemoryStore(Store):
         pending, subs = self._pending, self._subs
         for update in updates:
             kind = type(update)
-            if kind is SetPending:
+            if kind is SetPendingRun:
+                assert isinstance(update, SetPendingRun)
+                pending.setdefault(update.sub_id, {}).update(dict.fromkeys(update.seqs, 1))
+            elif kind is ClearPendingRun:
+                assert isinstance(update, ClearPendingRun)
+                entries = pending.get(update.sub_id)
+                if entries is not None:
+                    for seq in update.seqs:
+                        entries.pop(seq, None)
+            elif kind is SetPending:
                 assert isinstance(update, SetPending)
                 entries = pending.get(update.sub_id)
                 if entries is None:

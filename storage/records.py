@@ -174,6 +174,24 @@ class ClearPending:
     seq: int
 
 
+@attrs.define(slots=True)
+class SetPendingRun:
+    """Each of `seqs` was delivered to `sub_id` for the first time: pending on attempt 1. It is a
+    fresh `SetPending` of each (none had an entry), written as one update: a read's worth of first
+    deliveries costs one object, and `net_effect` cancels it against acks with set operations."""
+
+    sub_id: int
+    seqs: list[int]
+
+
+@attrs.define(slots=True)
+class ClearPendingRun:
+    """A `ClearPending` of each of `seqs` on `sub_id` (a read's worth of acks), as one update."""
+
+    sub_id: int
+    seqs: list[int]
+
+
 @attrs.frozen(slots=True)
 class SaveClient:
     """Register (or re-register) a client."""
@@ -186,7 +204,17 @@ class DeleteClient:
     client_id: str
 
 
-SubUpdate = SaveSubscription | DeleteSubscription | SetLastSent | SetPending | ClearPending | SaveClient | DeleteClient
+SubUpdate = (
+    SaveSubscription
+    | DeleteSubscription
+    | SetLastSent
+    | SetPending
+    | ClearPending
+    | SetPendingRun
+    | ClearPendingRun
+    | SaveClient
+    | DeleteClient
+)
 
 
 def net_effect(updates: Sequence[SubUpdate]) -> list[SubUpdate]:
@@ -194,18 +222,74 @@ def net_effect(updates: Sequence[SubUpdate]) -> list[SubUpdate]:
 
     A pending entry or a last-sent value written again later in the batch loses its earlier write:
     the later put or delete replaces it whatever happens in between. A pending entry whose first write
-    in the batch is a fresh SetPending (the store has no entry for it) and whose last is a ClearPending
-    is not written at all: before and after the batch there is none. Under load most messages are
-    delivered and acked within a flush or two, so this removes most of what the store would write.
-    Applying the result leaves the store exactly as applying `updates` would.
+    in the batch is fresh (a fresh SetPending, or a SetPendingRun: the store has no entry for it) and
+    whose last is a clear is not written at all: before and after the batch there is none. Under load
+    most messages are delivered and acked within a flush or two, so this removes most of what the
+    store would write. Runs are matched with set operations, not message by message; a run that
+    loses some of its sequences is replaced by a narrower one. Applying the result leaves the store
+    exactly as applying `updates` would.
     """
-    latest: dict[tuple[int, int], int] = {}  # (sub id, seq or -1 for last-sent) -> index of its last write
-    fresh: list[tuple[int, int]] = []  # pending entries first written in the batch by a fresh SetPending
+    latest: dict[tuple[int, int], int] = {}  # (sub id, seq or -1 for last-sent) -> index of its last single write
+    singles: dict[int, set[int]] = {}  # sub id -> the sequences among `latest`'s keys
+    fresh: set[tuple[int, int]] = set()  # entries whose first write in the batch was fresh
+    open_runs: dict[int, list[set[int]]] = {}  # sub id -> its SetPendingRuns' sequences not yet replaced
+    stale: dict[int, set[int]] = {}  # sub id -> sequences in its runs written before the run in the batch
+    run_seqs: dict[int, set[int]] = {}  # index of a SetPendingRun -> its sequences still to write
+    cleared: dict[int, set[int]] = {}  # index of a ClearPendingRun that lost some -> the ones to write
     keep = [True] * len(updates)
+
+    def replace_singles(sub_id: int, seqs: set[int]) -> set[int]:
+        """Drop the single writes of these entries (a run writes them later); the ones dropped."""
+        written = singles.get(sub_id)
+        hit = seqs & written if written else set()
+        for seq in hit:
+            keep[latest.pop((sub_id, seq))] = False
+        if hit:
+            written -= hit  # type: ignore[operator]
+        return hit
+
     for i, update in enumerate(updates):
         kind = type(update)
+        if kind is SetPendingRun:
+            sub_id = update.sub_id  # type: ignore[union-attr]
+            run_seqs[i] = seqs = set(update.seqs)  # type: ignore[union-attr]
+            for seq in replace_singles(sub_id, seqs):
+                if (sub_id, seq) not in fresh:  # the store may hold it: a clear of it must be written
+                    stale.setdefault(sub_id, set()).add(seq)
+            open_runs.setdefault(sub_id, []).append(seqs)
+            continue
+        if kind is ClearPendingRun:
+            sub_id = update.sub_id  # type: ignore[union-attr]
+            rest = set(update.seqs)  # type: ignore[union-attr]
+            runs = open_runs.get(sub_id)
+            if runs:  # acks of first deliveries made in this batch: neither is written
+                not_fresh = stale.get(sub_id)
+                for seqs in reversed(runs):  # the latest write of an entry is in the latest run with it
+                    both = seqs & rest
+                    if both:
+                        seqs -= both
+                        rest -= both - not_fresh if not_fresh else both
+                runs[:] = [seqs for seqs in runs if seqs]
+            for seq in replace_singles(sub_id, rest):
+                if (sub_id, seq) in fresh:  # set fresh (as a single) and cleared in this batch: nothing
+                    fresh.discard((sub_id, seq))
+                    rest.discard(seq)
+            if len(rest) != len(update.seqs):  # type: ignore[union-attr]
+                cleared[i] = rest
+            continue
         if kind is SetPending or kind is ClearPending:
-            key = (update.sub_id, update.seq)  # type: ignore[union-attr]
+            sub_id, seq = update.sub_id, update.seq  # type: ignore[union-attr]
+            key = (sub_id, seq)
+            runs = open_runs.get(sub_id)
+            if runs:
+                for seqs in reversed(runs):
+                    if seq in seqs:  # a run wrote it earlier in the batch: this write replaces that one
+                        seqs.discard(seq)
+                        not_fresh = stale.get(sub_id)
+                        if not not_fresh or seq not in not_fresh:
+                            fresh.add(key)
+                        break
+            singles.setdefault(sub_id, set()).add(seq)
         elif kind is SetLastSent:
             key = (update.sub_id, -1)  # type: ignore[union-attr]
         else:
@@ -214,13 +298,32 @@ def net_effect(updates: Sequence[SubUpdate]) -> list[SubUpdate]:
         if earlier is not None:
             keep[earlier] = False
         elif kind is SetPending and update.fresh:  # type: ignore[union-attr]
-            fresh.append(key)
+            fresh.add(key)
         latest[key] = i
     for key in fresh:
-        last = latest[key]
-        if type(updates[last]) is ClearPending:
+        last = latest.get(key)
+        if last is not None and type(updates[last]) is ClearPending:
             keep[last] = False
-    return [update for update, kept in zip(updates, keep, strict=True) if kept]
+    if not (run_seqs or cleared):
+        return [update for update, kept in zip(updates, keep, strict=True) if kept]
+    out: list[SubUpdate] = []
+    for i, update in enumerate(updates):
+        if not keep[i]:
+            continue
+        narrowed = run_seqs.get(i)
+        if narrowed is not None:
+            if len(narrowed) != len(update.seqs):  # type: ignore[union-attr]
+                if not narrowed:
+                    continue
+                update = SetPendingRun(update.sub_id, sorted(narrowed))  # type: ignore[union-attr]
+        else:
+            narrowed = cleared.get(i)
+            if narrowed is not None:
+                if not narrowed:
+                    continue
+                update = ClearPendingRun(update.sub_id, sorted(narrowed))  # type: ignore[union-attr]
+        out.append(update)
+    return out
 
 
 @attrs.frozen(slots=True)

@@ -21,6 +21,7 @@ from storage.errors import DamagedStoreError, IntegrityError
 from storage.records import (
     ChannelInfo,
     ClearPending,
+    ClearPendingRun,
     ClientRecord,
     DeleteClient,
     DeleteSubscription,
@@ -31,11 +32,13 @@ from storage.records import (
     ServerInfo,
     SetLastSent,
     SetPending,
+    SetPendingRun,
     SubscriptionRecord,
     SubUpdate,
 )
 
 DATABASES = ["meta", "subs", "lastsent", "pending", "clients"]
+_FIRST_ATTEMPT = U32.pack(1)
 
 
 class SubscriptionState:
@@ -65,8 +68,16 @@ class SubscriptionState:
 
         def write(txn: lmdb.Transaction) -> None:
             highest = 0
+            pending_db = dbs["pending"]
             for update in batch:
-                if isinstance(update, SetPending):
+                if isinstance(update, SetPendingRun):
+                    first, sub_id, pack_key = _FIRST_ATTEMPT, update.sub_id, PENDING_KEY.pack
+                    txn.cursor(db=pending_db).putmulti([(pack_key(sub_id, seq), first) for seq in update.seqs])
+                elif isinstance(update, ClearPendingRun):
+                    sub_id, pack_key, delete = update.sub_id, PENDING_KEY.pack, txn.delete
+                    for seq in update.seqs:
+                        delete(pack_key(sub_id, seq), db=pending_db)
+                elif isinstance(update, SetPending):
                     txn.put(PENDING_KEY.pack(update.sub_id, update.seq), U32.pack(update.attempt), db=dbs["pending"])
                 elif isinstance(update, ClearPending):
                     txn.delete(PENDING_KEY.pack(update.sub_id, update.seq), db=dbs["pending"])

@@ -39,7 +39,7 @@ from typing import TypeVar
 import attrs
 import trio
 
-from storage import ChannelError, StoreError, SubUpdate, net_effect
+from storage import ChannelError, ClearPendingRun, SetPendingRun, StoreError, SubUpdate, net_effect
 from streaming.core.engine import DeadLetter, Engine, dead_letter_payload
 from streaming.core.group_commit import GroupCommit
 from streaming.core.outbound import Publish
@@ -47,7 +47,7 @@ from streaming.core.pipeline import Pipeline, StateWriter
 from streaming.core.store_calls import call_store
 
 log = logging.getLogger(__name__)
-_INLINE_APPLY = 2000  # updates per store call when the store runs on the Trio thread
+_INLINE_APPLY = 2000  # store entries per call (about) when the store runs on the Trio thread
 # A subscription-state write this large runs on the Trio thread even when the store has a worker
 # thread: py-lmdb lets go of the interpreter lock around every put and delete, so on a worker each
 # update costs two lock handoffs with a busy event loop (bench/README.md, **consume**). Inline, a write
@@ -409,16 +409,23 @@ class EngineRuntime(StateWriter):
             self._updates = updates + self._updates
             return False
         # On a worker thread one transaction takes the lot; on the Trio thread slices keep the
-        # loop responsive (each slice is still applied in order, so the result is the same).
-        in_thread = self._store_in_thread and len(updates) < _INLINE_STATE_WRITE
-        step = len(updates) if in_thread else _INLINE_APPLY
-        for start in range(0, len(updates), step or 1):
+        # loop responsive (each slice is still applied in order, so the result is the same). Sizes
+        # count store entries: a run of first deliveries or acks is one update of many entries.
+        sizes = [len(u.seqs) if type(u) is SetPendingRun or type(u) is ClearPendingRun else 1 for u in updates]
+        in_thread = self._store_in_thread and sum(sizes) < _INLINE_STATE_WRITE
+        start = 0
+        while start < len(updates):
+            end, entries = start, 0
+            while end < len(updates) and (in_thread or entries < _INLINE_APPLY):
+                entries += sizes[end]
+                end += 1
             try:
-                await call_store(partial(self.store.apply, updates[start : start + step]), in_thread=in_thread)
+                await call_store(partial(self.store.apply, updates[start:end]), in_thread=in_thread)
             except StoreError as exc:
                 self._updates = updates[start:] + self._updates
                 self._failed(exc)
                 return False
+            start = end
         self._recovered()
         return True
 

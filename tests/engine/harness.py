@@ -18,6 +18,7 @@ from storage import (
     MemoryStore,
     Message,
     SetPending,
+    SetPendingRun,
     StartPosition,
     Store,
     StoreLimits,
@@ -51,6 +52,9 @@ def check_fresh(store: Store, updates: Sequence[SubUpdate]) -> None:
     for update in updates:
         if isinstance(update, SetPending) and update.fresh:
             assert (update.sub_id, update.seq) not in pending, f"{update}, but that entry is pending"
+        elif isinstance(update, SetPendingRun):
+            held = [seq for seq in update.seqs if (update.sub_id, seq) in pending]
+            assert not held, f"first deliveries {held} of {update.sub_id}, but those entries are pending"
         pending.apply(update)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import trio
 
-from storage import ClientRecord, LmdbStore, SubUpdate
+from storage import ClearPendingRun, ClientRecord, LmdbStore, SetPendingRun, SubUpdate
 from streaming.core.engine import SubscribeRequest
 from streaming.core.outbound import Publish
 from streaming.core.runtime import _INLINE_STATE_WRITE
@@ -24,7 +24,7 @@ from tests.engine.doors import RecordingDoor
 
 
 class Recorder:
-    """Wraps `store.apply`: (updates in the call, whether it ran on the Trio thread)."""
+    """Wraps `store.apply`: (store entries the call writes, whether it ran on the Trio thread)."""
 
     def __init__(self, store: LmdbStore) -> None:
         self.calls: list[tuple[int, bool]] = []
@@ -34,7 +34,8 @@ class Recorder:
 
     def _record(self, updates: Iterable[SubUpdate]) -> None:
         batch = list(updates)
-        self.calls.append((len(batch), threading.get_ident() == self._trio_thread))
+        entries = sum(len(u.seqs) if isinstance(u, SetPendingRun | ClearPendingRun) else 1 for u in batch)
+        self.calls.append((entries, threading.get_ident() == self._trio_thread))
         self._apply(batch)
 
 

@@ -3,7 +3,7 @@ the tests of `SetPending.fresh` (the engine's promise, `net_effect`'s use of it)
 
 from __future__ import annotations
 
-from storage import ClearPending, DeleteSubscription, SetPending, SubUpdate
+from storage import ClearPending, ClearPendingRun, DeleteSubscription, SetPending, SetPendingRun, SubUpdate
 
 
 class PendingEntries:
@@ -20,5 +20,9 @@ class PendingEntries:
             self.entries.add((update.sub_id, update.seq))
         elif isinstance(update, ClearPending):
             self.entries.discard((update.sub_id, update.seq))
+        elif isinstance(update, SetPendingRun):
+            self.entries.update((update.sub_id, seq) for seq in update.seqs)
+        elif isinstance(update, ClearPendingRun):
+            self.entries.difference_update((update.sub_id, seq) for seq in update.seqs)
         elif isinstance(update, DeleteSubscription):
             self.entries = {key for key in self.entries if key[0] != update.sub_id}

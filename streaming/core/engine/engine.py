@@ -31,12 +31,14 @@ from storage.base import Store
 from storage.errors import ChannelError
 from storage.records import (
     ClearPending,
+    ClearPendingRun,
     DeleteSubscription,
     Message,
     RecoveredState,
     SaveSubscription,
     SetLastSent,
     SetPending,
+    SetPendingRun,
     StartPosition,
     SubscriptionRecord,
     SubUpdate,
@@ -501,10 +503,11 @@ class Engine:
         sub = self._subs.get(sub_id)
         if sub is None:
             return 0
-        pending, own_id, updates = sub.pending, sub.record.sub_id, self._updates
+        pending, own_id = sub.pending, sub.record.sub_id
         run = self._ack_run if self._observers else None
         if run is not None and run.sub is not sub.ref:
             run = None
+        cleared: list[int] = []
         acked = 0
         for seq in seqs:
             removed = pending.remove(seq)
@@ -513,8 +516,7 @@ class Engine:
                 acked += self.ack(sub_id, seq, now)
                 run = None  # `ack` may have started another member's run
                 continue
-            acked += 1
-            updates.append(ClearPending(own_id, seq))
+            cleared.append(seq)
             if self._observers:
                 if run is None:
                     run = self._ack_run
@@ -525,11 +527,12 @@ class Engine:
                 run.acked.append(removed)
                 if removed[0] != 1:
                     run.first_attempts = False
-        if acked:
+        if cleared:
+            self._updates.append(ClearPendingRun(own_id, cleared))
             self._timers.add(own_id)
             if sub.online:
                 self._to_pump[own_id] = now
-        return acked
+        return acked + len(cleared)
 
     def set_window(self, sub_id: int, window: int, now: float) -> None:
         """Deliveries on demand: the subscription may hold `window` pending messages (never more than
@@ -778,7 +781,7 @@ class Engine:
         sub_id, inbox = sub.record.sub_id, sub.record.inbox
         seqs = [m.seq for m in messages]
         sub.pending.sent_first_many(seqs, delay, now + delay)
-        self._updates += [SetPending(sub_id, seq, 1, True) for seq in seqs]
+        self._updates.append(SetPendingRun(sub_id, seqs))
         new = Reason.NEW
         self._deliveries += [Delivery(sub_id, inbox, m, 1, new) for m in messages]
         self._timers.add(sub_id)
