@@ -93,12 +93,16 @@ class GroupCommit:
     def submit(self, publish: Publish) -> bool:
         """Queue a publish; committed at the end of the current input span, or by the task. False when
         the queue is past its high water: wait for `wait_room` before accepting more."""
-        self._queue.append(publish)
-        self._submitted += 1
-        if publish.ack_to != self._last_origin:
+        return self.submit_many([publish], publish.ack_to)
+
+    def submit_many(self, publishes: list[Publish], ack_to: str) -> bool:
+        """`submit` of each of `publishes` from one origin (`ack_to`, every one's): a run of them."""
+        self._queue += publishes
+        self._submitted += len(publishes)
+        if ack_to != self._last_origin:
             if self._last_origin is not None:
                 self._shared_at = trio.current_time()
-            self._last_origin = publish.ack_to
+            self._last_origin = ack_to
         if not self._in_span and not self._paused:
             self._work.set()
         if len(self._queue) >= self._high_water and self._room.is_set():

@@ -142,6 +142,11 @@ class Core:
         commit = self.group_commit
         return None if commit.submit(publish) else commit.wait_room()
 
+    def publish_many(self, publishes: list[Publish], ack_to: str) -> Awaitable[None] | None:
+        """`publish` of each of `publishes` from one origin (`ack_to`, every one's), queued at once."""
+        commit = self.group_commit
+        return None if commit.submit_many(publishes, ack_to) else commit.wait_room()
+
     async def flush_publishes(self) -> None:
         """Wait until every publish submitted so far is committed and acknowledged."""
         await self.group_commit.flush()

@@ -240,11 +240,13 @@ class StanServer:
         return self._on_publishes(subject, reply, [payload])
 
     def _on_publishes(self, subject: str, reply: str, payloads: list[bytes]) -> Awaitable[None] | None:
-        """Publishes from one connection with one PubAck inbox, one or a run of them. When the commit
-        queue fills meanwhile, the reader waits for room after the run."""
+        """Publishes from one connection with one PubAck inbox, one or a run of them: what passes the
+        checks is queued for the group commit at once. When the commit queue fills meanwhile, the
+        reader waits for room after the run."""
         sender, partitioned = self.broker.sender, self.partition is not None
         wait = client = None
         last_conn_id = b""
+        accepted: list[Publish] = []
         for payload in payloads:
             try:
                 message = parse_publish(payload)
@@ -254,12 +256,25 @@ class StanServer:
             conn_id = message.connID  # each field is read once: a read builds a new object each time
             if not conn_id or conn_id != last_conn_id:  # a run's publishes carry one: one lookup
                 client, last_conn_id = self._publisher(message, conn_id, sender), conn_id
+                if client is not None and reply and reply not in client.subjects:
+                    self.clients.own(client, reply)  # its PubAck inbox: for its connection only
             if partitioned and (client is None or self._late):
+                if accepted:  # in order: what this run accepted so far goes first
+                    wait = self.core.publish_many(accepted, reply) or wait
+                    accepted = []
                 wait = self._wait_for_publisher(message, reply, sender, client) or wait
-            elif client is None:
+                continue
+            if client is None:
                 self._respond(reply, pb.PubAck(guid=message.guid, error=errors.INVALID_PUBLISH), sender)
-            else:
-                wait = self._accept_publish(message, reply, sender, client) or wait
+                continue
+            channel = message.subject
+            refusal = self._refusal(channel, sender)
+            if refusal:
+                self._respond(reply, pb.PubAck(guid=message.guid, error=refusal), sender)
+                continue
+            accepted.append(Publish(channel, message.data, message.reply, message.guid, reply, self.outbound))
+        if accepted:
+            wait = self.core.publish_many(accepted, reply) or wait
         return wait
 
     def _publisher(self, message: pb.PubMsg, conn_id: bytes, sender: int) -> Client | None:
@@ -308,21 +323,25 @@ class StanServer:
                 await pending
 
     def _accept_publish(self, message: pb.PubMsg, reply: str, sender: int, client: Client) -> Awaitable[None] | None:
-        clients = self.clients
+        """Queue one publish of a known client, or answer why not (partitioned: one that waited)."""
         if reply and reply not in client.subjects:  # its PubAck inbox: for its connection only
-            clients.own(client, reply)
+            self.clients.own(client, reply)
         channel = message.subject
-        if channel in self._pipeline.deleting:
-            self._respond(reply, pb.PubAck(guid=message.guid, error=errors.CHANNEL_BEING_DELETED), sender)
+        refusal = self._refusal(channel, sender)
+        if refusal:
+            self._respond(reply, pb.PubAck(guid=message.guid, error=refusal), sender)
             return None
+        return self._publish(Publish(channel, message.data, message.reply, message.guid, reply, self.outbound))
+
+    def _refusal(self, channel: str, sender: int) -> str:
+        """Why a publish to `channel` from connection `sender` is refused ("": it is not)."""
+        if channel in self._pipeline.deleting:
+            return errors.CHANNEL_BEING_DELETED
         if self._restricts:
             permissions = self.broker.permissions(sender)
             if permissions is not None and not permissions.may_publish(channel):
-                self._respond(
-                    reply, pb.PubAck(guid=message.guid, error=errors.not_permitted("publish", channel)), sender
-                )
-                return None
-        return self._publish(Publish(channel, message.data, message.reply, message.guid, reply, self.outbound))
+                return errors.not_permitted("publish", channel)
+        return ""
 
     def _on_ack(self, subject: str, reply: str, payload: bytes) -> None:
         self._on_acks(subject, reply, [payload])

@@ -277,14 +277,19 @@ class _Parser:
         nl = buf.find(b"\n", at)
         line = bytes(buf[at : nl + 1])
         size = pos - nl - 3  # the last event's payload ran from after its line to its CRLF at pos - 2
-        step = len(line) + size + 2
+        step, skip = len(line) + size + 2, len(line)
+        # What could be a run is copied once, and each payload sliced from that copy.
+        chunk = bytes(buf[pos : pos + min(limit, (len(buf) - pos) // step) * step])
+        starts = chunk.startswith
         out: list[bytes] = []
-        while limit > 0 and buf.startswith(line, pos) and buf[pos + step - 2 : pos + step] == b"\r\n":
-            out.append(bytes(buf[pos + len(line) : pos + step - 2]))
-            pos += step
-            limit -= 1
+        append = out.append
+        for i in range(0, len(chunk), step):
+            if not (starts(line, i) and starts(b"\r\n", i + step - 2)):
+                break
+            append(chunk[i + skip : i + step - 2])
         if out:
-            self._pos, self._line_at = pos, pos - step
+            self._pos = pos = pos + len(out) * step
+            self._line_at = pos - step
         return out
 
     def _expect_payload(self, header: Any, size: int) -> Event | _NeedData:
