@@ -264,7 +264,7 @@ def net_effect(updates: Sequence[SubUpdate]) -> list[SubUpdate]:
             runs = open_runs.get(sub_id)
             if runs:  # acks of first deliveries made in this batch: neither is written
                 not_fresh = stale.get(sub_id)
-                for seqs in reversed(runs):  # the latest write of an entry is in the latest run with it
+                for seqs in runs:
                     both = seqs & rest
                     if both:
                         seqs -= both
@@ -282,17 +282,24 @@ def net_effect(updates: Sequence[SubUpdate]) -> list[SubUpdate]:
             key = (sub_id, seq)
             runs = open_runs.get(sub_id)
             if runs:
-                for seqs in reversed(runs):
+                for seqs in runs:  # oldest first: acks come in about the order of their deliveries
                     if seq in seqs:  # a run wrote it earlier in the batch: this write replaces that one
                         seqs.discard(seq)
                         not_fresh = stale.get(sub_id)
                         if not not_fresh or seq not in not_fresh:
                             fresh.add(key)
                         break
+                while runs and not runs[0]:
+                    del runs[0]
             singles.setdefault(sub_id, set()).add(seq)
         elif kind is SetLastSent:
             key = (update.sub_id, -1)  # type: ignore[union-attr]
         else:
+            if kind is DeleteSubscription:
+                # Its runs so far are written as they are (the delete wipes them): a later run of the
+                # same id starts anew, so an entry is in at most one open run.
+                open_runs.pop(update.sub_id, None)  # type: ignore[union-attr]
+                stale.pop(update.sub_id, None)  # type: ignore[union-attr]
             continue
         earlier = latest.get(key)
         if earlier is not None:

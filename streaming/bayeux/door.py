@@ -232,10 +232,13 @@ class BayeuxDoor:
         if not entries:
             return
         core = self.core
+        by_sub: dict[int, list[int]] = {}
+        for entry in entries:
+            by_sub.setdefault(entry.sub_id, []).append(entry.seq)
         core.span_started()  # one pass and one state write for the request's acks
         try:
-            for entry in entries:
-                core.pipeline.ack(entry.sub_id, entry.seq)
+            for sub_id, seqs in by_sub.items():
+                core.pipeline.ack_many(sub_id, seqs)
         finally:
             core.span_ended(more_input=False)
 
