@@ -103,8 +103,11 @@ class _ClientGeneralPathOnly(p.ClientConnection):
 
 
 def _outcome(
-    conn: p.ServerConnection | p.ClientConnection, data: bytes, cuts: list[int]
+    conn: p.ServerConnection | p.ClientConnection, data: bytes, cuts: list[int], runs: int | None = None
 ) -> tuple[list[object], str | None]:
+    """The events `data` parses to, fed in pieces cut at `cuts`, and the error that ended it. With
+    `runs`, after each message the run of identical ones after it is taken (at most `runs` at a
+    time), as a bus does."""
     events: list[object] = []
     bounds = [0, *sorted({c % (len(data) + 1) for c in cuts}), len(data)]
     try:
@@ -112,6 +115,8 @@ def _outcome(
             conn.receive_data(data[start:end])
             while (event := conn.next_event()) is not p.NEED_DATA:
                 events.append(event)
+                if runs is not None and isinstance(event, p.Pub | p.Msg):
+                    events += [attrs.evolve(event, payload=payload) for payload in conn.repeats(runs)]
     except p.RemoteProtocolError as exc:
         return events, str(exc)
     return events, None
@@ -167,24 +172,6 @@ def test_the_fast_path_for_messages_parses_as_the_general_path(
     assert _outcome(fast, raw, cuts) == _outcome(general, raw, cuts)
 
 
-def _outcome_in_runs(
-    conn: p.ServerConnection | p.ClientConnection, data: bytes, cuts: list[int], limit: int
-) -> tuple[list[object], str | None]:
-    """`_outcome`, taking after each message the run of identical ones that follow it, as a bus does."""
-    events: list[object] = []
-    bounds = [0, *sorted({c % (len(data) + 1) for c in cuts}), len(data)]
-    try:
-        for start, end in itertools.pairwise(bounds):
-            conn.receive_data(data[start:end])
-            while (event := conn.next_event()) is not p.NEED_DATA:
-                events.append(event)
-                if isinstance(event, p.Pub | p.Msg):
-                    events += [attrs.evolve(event, payload=payload) for payload in conn.repeats(limit)]
-    except p.RemoteProtocolError as exc:
-        return events, str(exc)
-    return events, None
-
-
 @pytest.mark.parametrize(("fast_side", "general_side", "frames"), SIDES)
 @settings(max_examples=400, deadline=None)
 @given(
@@ -209,7 +196,7 @@ def test_runs_of_repeated_messages_parse_as_one_by_one(
     raw = frame * times + data.draw(st.one_of(st.just(b""), frames, publishish, spoilt))
     fast = fast_side(max_payload=10, max_control_line=4096)
     general = general_side(max_payload=10, max_control_line=4096)
-    assert _outcome_in_runs(fast, raw, cuts, limit) == _outcome(general, raw, cuts)
+    assert _outcome(fast, raw, cuts, runs=limit) == _outcome(general, raw, cuts)
 
 
 def test_a_run_is_the_messages_that_repeat_the_line_exactly() -> None:
