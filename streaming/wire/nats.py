@@ -271,26 +271,22 @@ class _Parser:
         of publishes to one channel, comes to a run-taking handler in one call. Only a message the
         fast path made has runs ([] otherwise); what follows a run is parsed as usual."""
         at = self._line_at
-        if at < 0:
-            return []
         buf, pos = self._buf, self._pos
-        nl = buf.find(b"\n", at)
-        line = bytes(buf[at : nl + 1])
-        size = pos - nl - 3  # the last event's payload ran from after its line to its CRLF at pos - 2
-        step, skip = len(line) + size + 2, len(line)
-        # What could be a run is copied once, and each payload sliced from that copy.
-        chunk = bytes(buf[pos : pos + min(limit, (len(buf) - pos) // step) * step])
-        starts = chunk.startswith
-        out: list[bytes] = []
-        append = out.append
-        for i in range(0, len(chunk), step):
-            if not (starts(line, i) and starts(b"\r\n", i + step - 2)):
-                break
-            append(chunk[i + skip : i + step - 2])
-        if out:
-            self._pos = pos = pos + len(out) * step
-            self._line_at = pos - step
-        return out
+        step = pos - at  # the last event, its line, payload and CRLF, ran from `at` to `pos`
+        # When nothing repeats, the length of what follows mostly shows it, without a copy.
+        if at < 0 or limit <= 0 or len(buf) < pos + step or buf[pos + step - 1] != 10:  # 10: \n
+            return []
+        skip = buf.find(b"\n", at, pos) + 1 - at
+        line = bytes(buf[at : at + skip])
+        starts, end = buf.startswith, pos
+        while limit > 0 and starts(line, end) and starts(b"\r\n", end + step - 2):
+            end += step
+            limit -= 1
+        if end == pos:
+            return []
+        chunk = bytes(buf[pos:end])  # the run is copied once, and each payload sliced from the copy
+        self._pos, self._line_at = end, end - step
+        return [chunk[i + skip : i + step - 2] for i in range(0, end - pos, step)]
 
     def _expect_payload(self, header: Any, size: int) -> Event | _NeedData:
         if size > self.max_payload:
