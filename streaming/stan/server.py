@@ -122,11 +122,8 @@ class StanServer:
             b.subscribe(self.discover_subject, self._on_connect)
             b.subscribe(self.ping_subject, self._on_ping)
             partition = self.partition
-            if partition is None:
-                b.subscribe(f"{self.pub_prefix}.>", self._on_publish, runs=self._on_publishes)
-            else:  # a publish may wait for its client's connect, and the ones after it wait behind it
-                for subject in partition.publish_subjects(cid):
-                    b.subscribe(subject, self._on_publish)
+            for subject in [f"{self.pub_prefix}.>"] if partition is None else partition.publish_subjects(cid):
+                b.subscribe(subject, self._on_publish, runs=self._on_publishes)
             b.subscribe(self.sub_subject, self._on_subscribe)
             b.subscribe(self.unsub_subject, partial(self._on_unsubscribe, close=False))
             b.subscribe(self.subclose_subject, partial(self._on_unsubscribe, close=True))
@@ -267,12 +264,9 @@ class StanServer:
             if client is None:
                 self._respond(reply, pb.PubAck(guid=message.guid, error=errors.INVALID_PUBLISH), sender)
                 continue
-            channel = message.subject
-            refusal = self._refusal(channel, sender)
-            if refusal:
-                self._respond(reply, pb.PubAck(guid=message.guid, error=refusal), sender)
-                continue
-            accepted.append(Publish(channel, message.data, message.reply, message.guid, reply, self.outbound))
+            publish = self._checked(message, reply, sender)
+            if publish is not None:
+                accepted.append(publish)
         if accepted:
             wait = self.core.publish_many(accepted, reply) or wait
         return wait
@@ -326,22 +320,24 @@ class StanServer:
         """Queue one publish of a known client, or answer why not (partitioned: one that waited)."""
         if reply and reply not in client.subjects:  # its PubAck inbox: for its connection only
             self.clients.own(client, reply)
-        channel = message.subject
-        refusal = self._refusal(channel, sender)
-        if refusal:
-            self._respond(reply, pb.PubAck(guid=message.guid, error=refusal), sender)
-            return None
-        return self._publish(Publish(channel, message.data, message.reply, message.guid, reply, self.outbound))
+        publish = self._checked(message, reply, sender)
+        return None if publish is None else self._publish(publish)
 
-    def _refusal(self, channel: str, sender: int) -> str:
-        """Why a publish to `channel` from connection `sender` is refused ("": it is not)."""
+    def _checked(self, message: pb.PubMsg, reply: str, sender: int) -> Publish | None:
+        """The publish to queue for a known client's `message`, or None once its refusal is answered
+        (its channel is being deleted, or its user may not publish there)."""
+        channel = message.subject
+        error = ""
         if channel in self._pipeline.deleting:
-            return errors.CHANNEL_BEING_DELETED
-        if self._restricts:
+            error = errors.CHANNEL_BEING_DELETED
+        elif self._restricts:
             permissions = self.broker.permissions(sender)
             if permissions is not None and not permissions.may_publish(channel):
-                return errors.not_permitted("publish", channel)
-        return ""
+                error = errors.not_permitted("publish", channel)
+        if error:
+            self._respond(reply, pb.PubAck(guid=message.guid, error=error), sender)
+            return None
+        return Publish(channel, message.data, message.reply, message.guid, reply, self.outbound)
 
     def _on_ack(self, subject: str, reply: str, payload: bytes) -> None:
         self._on_acks(subject, reply, [payload])
