@@ -455,7 +455,13 @@ class StanClient:
 
     async def publish(self, channel: str, data: bytes) -> str:
         """Publish and wait until the server has stored it; returns the guid."""
-        future = await self.publish_async(channel, data)
+        if len(self._pubs) < self._max_pubs:
+            # Waiting for the PubAck below is the checkpoint: publish_async's own would cost a pass of
+            # the event loop per message, a tenth of a sequential publish's time.
+            self._check_open()
+            future = self._publish_now(channel, data)
+        else:
+            future = await self.publish_async(channel, data)
         try:
             with anyio.fail_after(self.pub_ack_timeout_s):
                 return await future.wait()
