@@ -73,14 +73,6 @@ async def _ours(port: int, size: int, n_async: int, n_sync: int) -> tuple[float,
         return rate_async, await sequential_rate(partial(sc.publish, "sync", payload), n_sync, SEQUENTIAL_SECONDS)
 
 
-async def _ours_sequential(port: int, size: int, n_sync: int) -> float:
-    payload = b"x" * size
-    async with connect("test-cluster", "bench-publish", port=port) as sc:
-        for _ in range(200):
-            await sc.publish("warm", payload)
-        return await sequential_rate(partial(sc.publish, "sync", payload), n_sync, SEQUENTIAL_SECONDS)
-
-
 async def _jetstream(port: int, size: int, n_async: int, n_sync: int) -> tuple[float, float]:
     import nats
     from nats.js.api import StorageType
@@ -243,10 +235,11 @@ def main() -> None:
             ">= 0.7",
         )
     )
-    # What this design allows at best: the same one-at-a-time run with the memory store (no disk at
-    # all) gives the time a publish costs besides its fsync; add one fdatasync to it.
+    # What this design allows at best: the same run with the memory store (no disk at all) gives the
+    # time a publish costs besides its fsync; add one fdatasync to it.
+    _, size, n_async, n_sync = todo[0]
     with peers.ours("-st", "memory") as server:
-        memory_rate = trio.run(_ours_sequential, server.port, 128, todo[0][3])
+        _, memory_rate = _run("ours", server.port, size, n_async, n_sync)
     result["ours_memory_sync_128_msgs_per_s"] = round(memory_rate)
     ceiling = result["ours_sync_ceiling_fraction"] = round(1 / (fsync_s + 1 / memory_rate) / limit, 3)
     rows.append(

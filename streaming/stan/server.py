@@ -253,8 +253,8 @@ class StanServer:
             conn_id = message.connID  # each field is read once: a read builds a new object each time
             if not conn_id or conn_id != last_conn_id:  # a run's publishes carry one: one lookup
                 client, last_conn_id = self._publisher(message, conn_id, sender), conn_id
-                if client is not None and reply and reply not in client.subjects:
-                    self.clients.own(client, reply)  # its PubAck inbox: for its connection only
+                if client is not None:
+                    self._own_ack_inbox(client, reply)
             if partitioned and (client is None or self._late):
                 if accepted:  # in order: what this run accepted so far goes first
                     wait = self.core.publish_many(accepted, reply) or wait
@@ -318,10 +318,14 @@ class StanServer:
 
     def _accept_publish(self, message: pb.PubMsg, reply: str, sender: int, client: Client) -> Awaitable[None] | None:
         """Queue one publish of a known client, or answer why not (partitioned: one that waited)."""
-        if reply and reply not in client.subjects:  # its PubAck inbox: for its connection only
-            self.clients.own(client, reply)
+        self._own_ack_inbox(client, reply)
         publish = self._checked(message, reply, sender)
         return None if publish is None else self._publish(publish)
+
+    def _own_ack_inbox(self, client: Client, reply: str) -> None:
+        """A publisher's PubAck inbox is for its connection only."""
+        if reply and reply not in client.subjects:
+            self.clients.own(client, reply)
 
     def _checked(self, message: pb.PubMsg, reply: str, sender: int) -> Publish | None:
         """The publish to queue for a known client's `message`, or None once its refusal is answered
