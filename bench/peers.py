@@ -23,6 +23,8 @@ from typing import Any
 
 import attrs
 
+from streaming.event_schema import each_event
+
 SYSTEMS = ("ours", "jetstream", "jetstream_sync", "redis")
 
 
@@ -176,11 +178,12 @@ def pin_apart(server: Server) -> bool:
 
 
 def read_events(directory: Path) -> Iterator[dict[str, Any]]:
-    """The delivery event log ours wrote with `--event_log directory`, one dict per line, in order."""
+    """The delivery event log ours wrote with `--event_log directory`, one dict per event (a run's line
+    spelt out), in order."""
     for path in sorted(directory.glob("*.jsonl")):
         with path.open() as lines:
             for line in lines:
-                yield json.loads(line)
+                yield from each_event(json.loads(line))
 
 
 # -- a nats-server cluster ----------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""Reading the delivery event log into Spark: the explicit schema (from `streaming.event_schema`) and
-the split into events the analyses use and lines that are counted and reported as bad."""
+"""Reading the delivery event log into Spark: the explicit schema (from `streaming.event_schema`), the
+split into events the analyses use and lines that are counted and reported as bad, and a run's line
+(`last_seq`) spelt out as one event per sequence, so the analyses see events only."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, DoubleType, LongType, StringType, StructField, StructType
 
-from streaming.event_schema import DELIVERY_REASONS, EVENTS, FIELDS, REQUIRED
+from streaming.event_schema import DELIVERY_REASONS, EVENTS, FIELDS, MAX_RUN, REQUIRED, RUN_EVENTS
 
 CORRUPT = "_corrupt_record"
 
@@ -28,7 +29,8 @@ EXAMPLES = 5  # bad lines quoted in the summary, per kind
 
 @attrs.frozen
 class Loaded:
-    """What `read` found: `events` (the schema's columns plus `consumer`), and bad lines by kind."""
+    """What `read` found: `events` (the schema's columns but `last_seq`, plus `consumer`; one row per
+    event), and bad lines by kind."""
 
     events: DataFrame
     bad: dict[str, int]
@@ -48,7 +50,19 @@ def _invalid() -> Column:
         for kind, fields in REQUIRED.items()
     ]
     bad_reason = (F.col("event") == "deliver") & ~F.col("reason").isin(*DELIVERY_REASONS)
-    return reduce(operator.or_, [*checks, bad_reason])
+    run = F.col("last_seq") - F.col("seq")
+    bad_run = F.col("last_seq").isNotNull() & (
+        ~F.col("event").isin(*RUN_EVENTS) | F.col("seq").isNull() | (run <= 0) | (run >= MAX_RUN)
+    )
+    return reduce(operator.or_, [*checks, bad_reason, bad_run])
+
+
+def _each_event(lines: DataFrame) -> DataFrame:
+    """One row per event: a run's line becomes a row per sequence from `seq` to `last_seq`."""
+    seqs = F.when(F.col("last_seq").isNull(), F.array(F.col("seq"))).otherwise(
+        F.sequence(F.col("seq"), F.col("last_seq"))
+    )
+    return lines.withColumn("seq", F.explode(seqs)).drop("last_seq")
 
 
 def paths_of(inputs: Sequence[str | Path]) -> list[str]:
@@ -90,7 +104,9 @@ def read(spark: SparkSession, inputs: Sequence[str | Path], stage: Path | None =
     for name in bad:
         sample = bad_rows.filter(F.col("_bad") == name).limit(EXAMPLES).collect()
         examples[name] = [row[CORRUPT] or _describe(row.asDict()) for row in sample]
-    good = classified.filter(F.col("_bad").isNull()).drop(CORRUPT, "_bad").withColumn("consumer", consumer())
+    good = _each_event(classified.filter(F.col("_bad").isNull()).drop(CORRUPT, "_bad")).withColumn(
+        "consumer", consumer()
+    )
     return Loaded(good, {k: bad.get(k, 0) for k in ("malformed", "unknown_event", "invalid")}, examples)
 
 

@@ -54,13 +54,13 @@ def steady_with_storm(
     lo, hi = round(messages * storm[0]), round(messages * storm[1])
     counts = {"publish": 0, "deliver": 0, "ack": 0, "ack_timeout": 0, "redelivered": 0}
     head = '"channel":"orders","seq":'
-    nothing = ',"sub":null,"group":null,"member":null,"attempt":null,"ack_wait_s":null,"reason":null}\n'
+    nothing = ',"last_seq":null,"sub":null,"group":null,"member":null,"attempt":null,"ack_wait_s":null,"reason":null}\n'
     ack_1 = '"attempt":1,"ack_wait_s":null,"reason":null}\n'
     ack_2 = '"attempt":2,"ack_wait_s":null,"reason":null}\n'
     first = f'"attempt":1,"ack_wait_s":{ack_wait_s!r},"reason":"new"}}\n'
     expired = f'"attempt":1,"ack_wait_s":{ack_wait_s!r},"reason":null}}\n'
     again = f'"attempt":2,"ack_wait_s":{ack_wait_s!r},"reason":"ack_timeout"}}\n'
-    tails = [f',"sub":{m + 1},"group":"workers","member":"worker-{m}",' for m in range(members)]
+    tails = [f',"last_seq":null,"sub":{m + 1},"group":"workers","member":"worker-{m}",' for m in range(members)]
 
     def lines() -> Iterator[str]:
         yield f'{{"ts":{start_us - SECOND},"event":"server_start","channel":null,"seq":null{nothing}'

@@ -1,9 +1,11 @@
 """The delivery event log: JSON Lines (schema in `streaming.event_schema`) for the Spark jobs.
 
 The hot paths append one preformatted string per delivery event, or per run of first deliveries or
-acks (a few fragments cached per subscription), and one entry per channel per publish burst; a writer
-task joins what accumulated every `interval` seconds and writes it on a worker thread, into
-`events-<start>-<n>.jsonl` files that roll over past `rotate_bytes`.
+acks (a few fragments cached per subscription), and one entry per channel per publish burst. A run
+whose sequences follow one another, as a subscriber's backlog and its in-order acks do, is one line
+with `last_seq`: the log costs a few bytes per message, not a line each. A writer task joins what
+accumulated every `interval` seconds and writes it on a worker thread, into `events-<start>-<n>.jsonl`
+files that roll over past `rotate_bytes`.
 """
 
 from __future__ import annotations
@@ -38,24 +40,46 @@ _NEW = Reason.NEW
 
 class _SubLines:
     """The JSON a subscription's lines share, made once per subscription: around `seq` for any event
-    (`"channel":...,"seq":` and `,"sub":...,"group":...,"member":...,`), and whole prefixes and
-    suffixes for a first delivery (at the AckWait last seen) and its ack."""
+    (`"channel":...,"seq":` and `,"sub":...,"group":...,"member":...,`, with `,"last_seq":null` before
+    it for one event), and whole suffixes for a first delivery (at the AckWait last seen) and its ack,
+    alone or as a run."""
 
-    __slots__ = ("ack_first", "ack_head", "ack_wait_s", "deliver_first", "deliver_head", "head", "sub", "tail")
+    __slots__ = (
+        "ack_first",
+        "ack_head",
+        "ack_run",
+        "ack_wait_s",
+        "deliver_first",
+        "deliver_head",
+        "deliver_run",
+        "head",
+        "one",
+        "sub",
+        "tail",
+    )
 
     def __init__(self, sub: SubRef, head: str, tail: str) -> None:
         self.sub = sub
         self.head = head
         self.tail = tail
+        self.one = f',"last_seq":null{tail}'
         self.ack_wait_s: float | None = None
         self.deliver_head = f'"event":"deliver",{head}'
-        self.deliver_first = ""
+        self.deliver_first = self.deliver_run = ""
         self.ack_head = f'"event":"ack",{head}'
-        self.ack_first = f'{tail}"attempt":1,"ack_wait_s":null,"reason":null}}\n'
+        self.ack_run = f'{tail}"attempt":1,"ack_wait_s":null,"reason":null}}\n'
+        self.ack_first = f',"last_seq":null{self.ack_run}'
 
     def set_ack_wait(self, ack_wait_s: float) -> None:
         self.ack_wait_s = ack_wait_s
-        self.deliver_first = f'{self.tail}"attempt":1,"ack_wait_s":{ack_wait_s!r},"reason":"new"}}\n'
+        self.deliver_run = f'{self.tail}"attempt":1,"ack_wait_s":{ack_wait_s!r},"reason":"new"}}\n'
+        self.deliver_first = f',"last_seq":null{self.deliver_run}'
+
+
+def _consecutive(seqs: list[int]) -> bool:
+    """Whether `seqs` are two or more sequences that follow one another (compared in C)."""
+    n = len(seqs)
+    return n > 1 and seqs[-1] - seqs[0] == n - 1 and seqs == list(range(seqs[0], seqs[0] + n))
 
 
 class EventLog:
@@ -80,8 +104,9 @@ class EventLog:
         # Encoded at once: a string is cheaper to keep until the next write than the event object
         # (which the garbage collector would otherwise walk over, many thousands at a time). The
         # events of one engine pass share one timestamp. A run of first deliveries, or of acks of
-        # first deliveries, is one string: its lines differ only in `seq`, so they are the
-        # subscription's cached prefix and suffix joined around the sequences, in C.
+        # first deliveries, is one string: one line from `seq` to `last_seq` when its sequences
+        # follow one another, else its lines, which differ only in `seq`: the subscription's
+        # cached prefix and suffix joined around the sequences, in C.
         ts = _now_ns() // 1000
         out: list[str] = []
         append = out.append
@@ -94,14 +119,22 @@ class EventLog:
             if type(event) is DeliveredRun:
                 if event.ack_wait_s != c.ack_wait_s:
                     c.set_ack_wait(event.ack_wait_s)
-                append(_joined(f'{{"ts":{ts},{c.deliver_head}', event.seqs, c.deliver_first))
-                lines += len(event.seqs) - 1
-            elif type(event) is AckedRun:
-                lines += len(event.seqs) - 1
-                if event.first_attempts:
-                    append(_joined(f'{{"ts":{ts},{c.ack_head}', event.seqs, c.ack_first))
+                seqs = event.seqs
+                if _consecutive(seqs):
+                    append(f'{{"ts":{ts},{c.deliver_head}{seqs[0]},"last_seq":{seqs[-1]}{c.deliver_run}')
                 else:
-                    for seq, attempt in zip(event.seqs, event.attempts(), strict=True):
+                    append(_joined(f'{{"ts":{ts},{c.deliver_head}', seqs, c.deliver_first))
+                lines += len(seqs) - 1
+            elif type(event) is AckedRun:
+                seqs = event.seqs
+                lines += len(seqs) - 1
+                if event.first_attempts:
+                    if _consecutive(seqs):
+                        append(f'{{"ts":{ts},{c.ack_head}{seqs[0]},"last_seq":{seqs[-1]}{c.ack_run}')
+                    else:
+                        append(_joined(f'{{"ts":{ts},{c.ack_head}', seqs, c.ack_first))
+                else:
+                    for seq, attempt in zip(seqs, event.attempts(), strict=True):
                         append(_ack(ts, c, seq, attempt))
             elif type(event) is Delivered:
                 if event.attempt == 1 and event.reason is _NEW:
@@ -110,7 +143,7 @@ class EventLog:
                     append(f'{{"ts":{ts},{c.deliver_head}{event.seq}{c.deliver_first}')
                 else:
                     append(
-                        f'{{"ts":{ts},"event":"deliver",{c.head}{event.seq}{c.tail}"attempt":{event.attempt},'
+                        f'{{"ts":{ts},"event":"deliver",{c.head}{event.seq}{c.one}"attempt":{event.attempt},'
                         f'"ack_wait_s":{event.ack_wait_s!r},"reason":"{event.reason._value_}"}}\n'
                     )
             elif type(event) is Acked:
@@ -119,7 +152,7 @@ class EventLog:
                 encode = _ENCODERS.get(type(event))
                 if encode is None:
                     continue
-                append(encode(ts, c.head, c.tail, event))
+                append(encode(ts, c.head, c.one, event))
             lines += 1
         # Bytes, one chunk per pass: the writer thread hands them to the file as they are, so it
         # holds the interpreter lock for no join or encode of its own.
@@ -199,8 +232,9 @@ class EventLog:
                 out.append(item)
             else:
                 ts, channel, first, count = item
-                head = f'{{"ts":{ts},"event":"publish","channel":{q(channel)},"seq":'
-                out.append(_joined(head, range(first, first + count), _NO_SEQ).encode())
+                line = f'{{"ts":{ts},"event":"publish","channel":{q(channel)},"seq":{first}'
+                last = f',"last_seq":{first + count - 1}{_NO_SUB}' if count > 1 else _NO_SEQ
+                out.append(f"{line}{last}".encode())
         return out
 
 
@@ -212,11 +246,12 @@ def _joined(head: str, seqs: Iterable[int], tail: str) -> str:
 def _ack(ts: int, c: _SubLines, seq: int, attempt: int) -> str:
     if attempt == 1:
         return f'{{"ts":{ts},{c.ack_head}{seq}{c.ack_first}'
-    return f'{{"ts":{ts},"event":"ack",{c.head}{seq}{c.tail}"attempt":{attempt},"ack_wait_s":null,"reason":null}}\n'
+    return f'{{"ts":{ts},"event":"ack",{c.head}{seq}{c.one}"attempt":{attempt},"ack_wait_s":null,"reason":null}}\n'
 
 
-# The fields after `seq` of an event about no subscription (publish, server_start).
-_NO_SEQ = ',"sub":null,"group":null,"member":null,"attempt":null,"ack_wait_s":null,"reason":null}\n'
+# The fields after `seq` (or `last_seq`) of an event about no subscription (publish, server_start).
+_NO_SUB = ',"sub":null,"group":null,"member":null,"attempt":null,"ack_wait_s":null,"reason":null}\n'
+_NO_SEQ = f',"last_seq":null{_NO_SUB}'
 
 
 def _ack_timeout(ts: int, head: str, tail: str, e: AckTimedOut) -> str:

@@ -2,10 +2,13 @@
 README and the Spark jobs all take it from here.
 
 Every line is one JSON object with every field below (null where a field does not apply to the event).
+A line with `last_seq` stands for a run: one event per sequence from `seq` to `last_seq`, all else
+equal (`each_event` spells it out).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Final
 
 # field -> (JSON type, meaning); the order is the order in each line.
@@ -14,6 +17,7 @@ FIELDS: Final[dict[str, tuple[str, str]]] = {
     "event": ("string", "the kind of event (EVENTS)"),
     "channel": ("string", "channel name (null for server_start)"),
     "seq": ("integer", "message sequence (publish, deliver, ack, ack_timeout, dead_letter)"),
+    "last_seq": ("integer", "a run's last sequence: one event per sequence, seq to last_seq (publish, deliver, ack)"),
     "sub": ("integer", "subscription id (unique within a server's data directory)"),
     "group": ("string", "queue group name, else durable name; null for a plain subscription"),
     "member": ("string", "client id of the subscriber"),
@@ -34,6 +38,9 @@ EVENTS: Final[dict[str, str]] = {
 }
 
 DELIVERY_REASONS: Final = ("new", "ack_timeout", "member_left", "restart", "resume")
+
+RUN_EVENTS: Final = ("publish", "deliver", "ack")  # the events a line may hold a run of
+MAX_RUN: Final = 1 << 20  # sequences in one line at most (the server's runs are far shorter)
 
 _PY_TYPES: Final[dict[str, tuple[type, ...]]] = {
     "integer": (int,),
@@ -71,4 +78,20 @@ def problems(record: dict[str, Any]) -> list[str]:
     out += [f"{event} without {name}" for name in REQUIRED[event] if record.get(name) is None]
     if event == "deliver" and record.get("reason") not in DELIVERY_REASONS:
         out.append(f"deliver with reason {record.get('reason')!r}")
+    last, seq = record.get("last_seq"), record.get("seq")
+    if isinstance(last, int) and not isinstance(last, bool):
+        if event not in RUN_EVENTS:
+            out.append(f"{event} with last_seq")
+        elif isinstance(seq, int) and not 0 < last - seq < MAX_RUN:
+            out.append(f"last_seq {last} is not within {MAX_RUN} after seq {seq}")
     return out
+
+
+def each_event(record: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The events one decoded line stands for: itself, or one per sequence of its run."""
+    last = record.get("last_seq")
+    if last is None:
+        yield record
+        return
+    for seq in range(record["seq"], last + 1):
+        yield {**record, "seq": seq, "last_seq": None}

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import platform
 from bisect import bisect_left
-from collections import Counter
-from collections.abc import Iterator, Sequence
-from functools import partial
+from collections.abc import Iterable, Iterator, Sequence
 from importlib import metadata
+from operator import itemgetter
 
 from prometheus_client import CollectorRegistry, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -53,6 +52,9 @@ def version() -> str:
         return "unknown"
 
 
+_DELIVERED_AT = itemgetter(1)  # of an `AckedRun.acked` entry: the clock time of the delivery acked
+
+
 class _Counts:
     """A counter family kept as plain numbers by label values, turned into Prometheus's form only when
     scraped: an update is a dict operation, not prometheus_client's lock and child lookup."""
@@ -90,14 +92,23 @@ class _Buckets:
         row[bisect_left(self.bounds, value)] += times
         row[-1] += value * times
 
-    def observe_all(self, key: tuple[str, ...], values: Sequence[float]) -> None:
-        """`observe` of each value: the bucket of every value found and counted in C, not in a loop."""
+    def observe_since(self, key: tuple[str, ...], now: float, started: Iterable[float]) -> None:
+        """`observe(now - s)` for each clock time `s` in `started` (a negative `s`: observe 0), counted
+        in C: the times are sorted once, and a value is at most a bound `b` exactly when its start is
+        at or after `now - b`, so each bucket is a difference of two bisections, not a step per value."""
         row = self.rows.get(key)
         if row is None:
             row = self.rows[key] = [0.0] * (len(self.bounds) + 2)
-        for bucket, count in Counter(map(partial(bisect_left, self.bounds), values)).items():
-            row[bucket] += count
-        row[-1] += sum(values)
+        times = sorted(started)
+        n = len(times)
+        unset = bisect_left(times, 0.0)  # no delivery was pending: observed as 0
+        below = 0  # values <= the previous bound
+        for i, bound in enumerate(self.bounds):
+            at_most = n - bisect_left(times, now - bound, unset) + unset
+            row[i] += at_most - below
+            below = at_most
+        row[-2] += n - below
+        row[-1] += (n - unset) * now - (sum(times[unset:]) if unset else sum(times))
 
     def family(self) -> Metric:
         family = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
@@ -196,7 +207,7 @@ class Metrics:
             elif type(event) is AckedRun:
                 labels = event.sub.labels
                 self.acks.add(labels, len(event.seqs))
-                self.ack_latency.observe_all(labels, event.pending_s())
+                self.ack_latency.observe_since(labels, event.at, map(_DELIVERED_AT, event.acked))
             elif type(event) is Delivered:
                 labels = event.sub.labels
                 self.deliveries.add(self._delivery_key(labels, event.reason))

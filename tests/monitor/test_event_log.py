@@ -12,15 +12,20 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streaming.event_schema import EVENTS, FIELDS, problems
+from streaming.event_schema import EVENTS, FIELDS, MAX_RUN, each_event, problems
 from tests.monitor.traffic import AUDIT, DLQ_CHANNEL, ORDERS, scripted_run
 from tests.wire.servers import config, running
 
 
-def read_events(directory: Path) -> list[dict[str, Any]]:
+def read_lines(directory: Path) -> list[dict[str, Any]]:
     files = sorted(directory.glob("events-*.jsonl"))
     assert files, f"no event log files in {directory}"
     return [json.loads(line) for f in files for line in f.read_text().splitlines()]
+
+
+def read_events(directory: Path) -> list[dict[str, Any]]:
+    """The events of the log in `directory`, a run's line spelt out as its events."""
+    return [event for line in read_lines(directory) for event in each_event(line)]
 
 
 async def test_the_server_writes_events_that_match_the_schema(tmp_path: Path) -> None:
@@ -28,9 +33,11 @@ async def test_the_server_writes_events_that_match_the_schema(tmp_path: Path) ->
     async with running(config(tmp_path / "data", event_log=str(log_dir))) as server:
         async with scripted_run(server.port):
             pass
-    events = read_events(log_dir)  # the server flushed on shutdown
-    bad = [(e, problems(e)) for e in events if problems(e)]
+    lines = read_lines(log_dir)  # the server flushed on shutdown
+    bad = [(e, problems(e)) for e in lines if problems(e)]
     assert not bad, bad[:5]
+    assert any(line["last_seq"] is not None for line in lines)  # a burst of publishes is one line
+    events = read_events(log_dir)
 
     kinds = Counter(e["event"] for e in events)
     assert set(kinds) == set(EVENTS), kinds  # every kind occurs in the scripted run
@@ -71,7 +78,7 @@ async def test_the_log_rolls_over_by_size_and_loses_nothing(tmp_path: Path) -> N
     assert all(f.stat().st_size < 4096 + 64 * 1024 for f in files)
     events = read_events(log_dir)
     assert sum(1 for e in events if e["event"] == "publish") == ORDERS + AUDIT + 2
-    assert not [e for e in events if problems(e)]
+    assert not [e for e in read_lines(log_dir) if problems(e)]
 
 
 def test_the_schema_check_catches_what_it_should() -> None:
@@ -80,6 +87,7 @@ def test_the_schema_check_catches_what_it_should() -> None:
         "event": "deliver",
         "channel": "c",
         "seq": 1,
+        "last_seq": None,
         "sub": 3,
         "group": None,
         "member": "m",
@@ -93,6 +101,14 @@ def test_the_schema_check_catches_what_it_should() -> None:
     assert problems({**good, "seq": "1"})
     assert problems({**good, "attempt": None})
     assert problems({k: v for k, v in good.items() if k != "ts"})
+    run = {**good, "last_seq": 9}
+    assert problems(run) == []
+    assert [e["seq"] for e in each_event(run)] == list(range(1, 10))
+    assert all(problems(e) == [] and e["last_seq"] is None for e in each_event(run))
+    assert problems({**good, "last_seq": 1})  # a run is two or more
+    assert problems({**good, "last_seq": 0})
+    assert problems({**good, "last_seq": MAX_RUN + 1})
+    assert problems({**good, "event": "ack_timeout", "last_seq": 5})  # not an event that runs
 
 
 def test_the_readme_documents_the_schema_as_it_is() -> None:
@@ -105,6 +121,10 @@ def test_the_readme_documents_the_schema_as_it_is() -> None:
 
 def _lines(log: Any) -> list[dict[str, Any]]:
     return [json.loads(line) for line in b"".join(log._encode(list(log._pending))).splitlines()]
+
+
+def _events(log: Any) -> list[dict[str, Any]]:
+    return [event for line in _lines(log) for event in each_event(line)]
 
 
 def test_cached_lines_follow_each_events_own_fields(tmp_path: Path) -> None:
@@ -128,7 +148,7 @@ def test_cached_lines_follow_each_events_own_fields(tmp_path: Path) -> None:
     log.on_events(events)
     lines = _lines(log)
     assert [problems(line) for line in lines] == [[]] * len(lines)
-    got = [(r["event"], r["seq"], r["attempt"], r["ack_wait_s"], r["reason"], r["group"]) for r in lines]
+    got = [(r["event"], r["seq"], r["attempt"], r["ack_wait_s"], r["reason"], r["group"]) for r in _events(log)]
     assert got == [
         ("deliver", 1, 1, 30.0, "new", "workers"),
         ("ack", 1, 1, None, None, "workers"),
@@ -149,13 +169,19 @@ def test_cached_lines_follow_each_events_own_fields(tmp_path: Path) -> None:
         st.tuples(
             st.sampled_from(["deliver", "ack"]),
             st.integers(0, 2),  # which subscription
-            st.lists(st.tuples(st.integers(1, 10**12), st.integers(1, 3)), min_size=1, max_size=5),
+            st.one_of(
+                st.lists(st.tuples(st.integers(1, 10**12), st.integers(1, 3)), min_size=1, max_size=5),
+                st.tuples(st.integers(1, 10**12), st.lists(st.integers(1, 3), min_size=1, max_size=5)).map(
+                    lambda run: [(run[0] + i, attempt) for i, attempt in enumerate(run[1])]  # consecutive
+                ),
+            ),
         ),
         max_size=8,
     )
 )
 def test_runs_are_logged_as_their_messages_would_be(script: list[tuple[str, int, list[tuple[int, int]]]]) -> None:
-    """A run of deliveries or acks writes exactly the lines its messages would, one by one, in order."""
+    """A run of deliveries or acks stands for exactly the events its messages would, one by one, in
+    order: as one line when its sequences follow one another, else as theirs."""
     from streaming.core.engine import AckedRun, DeliveredRun, Event, SubRef, per_message
     from streaming.event_log import EventLog
 
@@ -171,5 +197,6 @@ def test_runs_are_logged_as_their_messages_would_be(script: list[tuple[str, int,
     as_runs, one_by_one = EventLog(Path("unused")), EventLog(Path("unused"))
     as_runs.on_events(events, _now_ns=lambda: 1_000_000)
     one_by_one.on_events(list(per_message(events)), _now_ns=lambda: 1_000_000)
-    assert _lines(as_runs) == _lines(one_by_one)
-    assert len(_lines(as_runs)) == sum(len(items) for _, _, items in script) == as_runs._lines
+    assert [problems(line) for line in _lines(as_runs)] == [[]] * len(_lines(as_runs))
+    assert _events(as_runs) == _lines(one_by_one)
+    assert len(_events(as_runs)) == sum(len(items) for _, _, items in script) == as_runs._lines
