@@ -58,11 +58,11 @@ def _invalid() -> Column:
 
 
 def _each_event(lines: DataFrame) -> DataFrame:
-    """One row per event: a run's line becomes a row per sequence from `seq` to `last_seq`."""
-    seqs = F.when(F.col("last_seq").isNull(), F.array(F.col("seq"))).otherwise(
-        F.sequence(F.col("seq"), F.col("last_seq"))
-    )
-    return lines.withColumn("seq", F.explode(seqs)).drop("last_seq")
+    """One row per event: a good run's line (`last_seq`) becomes a row per sequence from `seq` to
+    `last_seq`; every other line stays one row."""
+    run = F.col("_bad").isNull() & F.col("last_seq").isNotNull()
+    seqs = F.when(run, F.sequence(F.col("seq"), F.col("last_seq"))).otherwise(F.array(F.col("seq")))
+    return lines.withColumn("seq", F.explode(seqs))
 
 
 def paths_of(inputs: Sequence[str | Path]) -> list[str]:
@@ -91,7 +91,8 @@ def read(spark: SparkSession, inputs: Sequence[str | Path], stage: Path | None =
         .when(_invalid(), "invalid")
         .otherwise(None)
     )
-    classified = raw.withColumn("_bad", kind)
+    # Runs are spelt out here, once, before the events are staged: not again in every analysis.
+    classified = _each_event(raw.withColumn("_bad", kind))
     # Spark refuses a query over only the corrupt-record column of raw JSON; a stored frame is fine.
     if stage is not None:
         classified.write.mode("overwrite").parquet(str(stage))
@@ -104,9 +105,8 @@ def read(spark: SparkSession, inputs: Sequence[str | Path], stage: Path | None =
     for name in bad:
         sample = bad_rows.filter(F.col("_bad") == name).limit(EXAMPLES).collect()
         examples[name] = [row[CORRUPT] or _describe(row.asDict()) for row in sample]
-    good = _each_event(classified.filter(F.col("_bad").isNull()).drop(CORRUPT, "_bad")).withColumn(
-        "consumer", consumer()
-    )
+    good = classified.filter(F.col("_bad").isNull()).drop(CORRUPT, "_bad", "last_seq")
+    good = good.withColumn("consumer", consumer())
     return Loaded(good, {k: bad.get(k, 0) for k in ("malformed", "unknown_event", "invalid")}, examples)
 
 
