@@ -76,12 +76,6 @@ class _SubLines:
         self.deliver_first = f',"last_seq":null{self.deliver_run}'
 
 
-def _consecutive(seqs: list[int]) -> bool:
-    """Whether `seqs` are two or more sequences that follow one another (compared in C)."""
-    n = len(seqs)
-    return n > 1 and seqs[-1] - seqs[0] == n - 1 and seqs == list(range(seqs[0], seqs[0] + n))
-
-
 class EventLog:
     def __init__(self, directory: Path, *, rotate_bytes: int = 64 * 1024 * 1024, interval: float = 0.05) -> None:
         self.directory = directory
@@ -119,20 +113,13 @@ class EventLog:
             if type(event) is DeliveredRun:
                 if event.ack_wait_s != c.ack_wait_s:
                     c.set_ack_wait(event.ack_wait_s)
-                seqs = event.seqs
-                if _consecutive(seqs):
-                    append(f'{{"ts":{ts},{c.deliver_head}{seqs[0]},"last_seq":{seqs[-1]}{c.deliver_run}')
-                else:
-                    append(_joined(f'{{"ts":{ts},{c.deliver_head}', seqs, c.deliver_first))
-                lines += len(seqs) - 1
+                append(_run(f'{{"ts":{ts},{c.deliver_head}', event.seqs, c.deliver_run, c.deliver_first))
+                lines += len(event.seqs) - 1
             elif type(event) is AckedRun:
                 seqs = event.seqs
                 lines += len(seqs) - 1
                 if event.first_attempts:
-                    if _consecutive(seqs):
-                        append(f'{{"ts":{ts},{c.ack_head}{seqs[0]},"last_seq":{seqs[-1]}{c.ack_run}')
-                    else:
-                        append(_joined(f'{{"ts":{ts},{c.ack_head}', seqs, c.ack_first))
+                    append(_run(f'{{"ts":{ts},{c.ack_head}', seqs, c.ack_run, c.ack_first))
                 else:
                     for seq, attempt in zip(seqs, event.attempts(), strict=True):
                         append(_ack(ts, c, seq, attempt))
@@ -236,6 +223,16 @@ class EventLog:
                 last = f',"last_seq":{first + count - 1}{_NO_SUB}' if count > 1 else _NO_SEQ
                 out.append(f"{line}{last}".encode())
         return out
+
+
+def _run(head: str, seqs: list[int], run_tail: str, one_tail: str) -> str:
+    """The lines of a run of events that differ only in `seq`: one line (`head`, the first sequence,
+    `last_seq`, `run_tail`) when its sequences follow one another, else a line per sequence ending in
+    `one_tail`. Telling which is a comparison in C, not a step per sequence."""
+    n = len(seqs)
+    if n > 1 and seqs[-1] - seqs[0] == n - 1 and seqs == list(range(seqs[0], seqs[0] + n)):
+        return f'{head}{seqs[0]},"last_seq":{seqs[-1]}{run_tail}'
+    return _joined(head, seqs, one_tail)
 
 
 def _joined(head: str, seqs: Iterable[int], tail: str) -> str:

@@ -88,7 +88,8 @@ def problems(record: dict[str, Any]) -> list[str]:
 
 
 def each_event(record: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """The events one decoded line stands for: itself, or one per sequence of its run."""
+    """The events one decoded line stands for: itself, or one per sequence of its run. For a line that
+    `problems` finds nothing wrong with (a run's `seq` and `last_seq` are integers)."""
     last = record.get("last_seq")
     if last is None:
         yield record
