@@ -114,6 +114,15 @@ _EMPTY: dict[int, tuple[bytes, bytes]] = {}
 DAMAGED_LOG_LIMIT = 10_000  # damaged messages remembered (each is logged once)
 
 
+def _sized(values: list[bytes]) -> bytes:
+    """The values of a journal run record, each after its length: one join when they are all one size
+    (a burst of equal messages), rather than a length packed per message."""
+    if len(set(map(len, values))) == 1:
+        size = U32.pack(len(values[0]))
+        return size + size.join(values)
+    return b"".join(U32.pack(len(value)) + value for value in values)
+
+
 class LmdbStore(Store):
     recoverable = True
 
@@ -414,21 +423,20 @@ class LmdbStore(Store):
                     info = before[msg.channel]
                     assigned.append((info.last_seq + len(run), max(now, info.last_timestamp_unix_ns)))
 
-            encoded: list[tuple[ChannelInfo, int, list[tuple[bytes, bytes]]]] = []
+            encoded: list[tuple[ChannelInfo, int, list[tuple[bytes, bytes]], int]] = []
             parts: list[bytes] = []
             for name, run in runs.items():
                 info = before[name]
                 ts = max(now, info.last_timestamp_unix_ns)
                 items = encode_run(info.channel_id, info.last_seq + 1, ts, run)
-                encoded.append((info, ts, items))
-                parts.append(JOURNAL_RUN.pack(info.channel_id, info.last_seq + 1, ts, len(items)))
-                for _, value in items:
-                    parts += (U32.pack(len(value)), value)
+                values = [value for _, value in items]
+                encoded.append((info, ts, items, sum(map(len, values))))
+                parts += (JOURNAL_RUN.pack(info.channel_id, info.last_seq + 1, ts, len(items)), _sized(values))
             self._journal.append(b"".join(parts))
 
             dropped: dict[str, range] = {}
-            for info, ts, items in encoded:
-                gone = self._add(info, ts, items, now)
+            for info, ts, items, size in encoded:
+                gone = self._add(info, ts, items, size, now)
                 if gone:
                     dropped[info.name] = gone
         if self._journal.active_bytes >= self._checkpoint_bytes:
@@ -436,9 +444,9 @@ class LmdbStore(Store):
                 self._wake.notify_all()
         return AppendResult(assigned, dropped)
 
-    def _add(self, info: ChannelInfo, ts: int, items: list[tuple[bytes, bytes]], now: int) -> range:
-        """Make journaled messages visible (in memory until the next checkpoint) and apply the limits.
-        Called with the append lock held."""
+    def _add(self, info: ChannelInfo, ts: int, items: list[tuple[bytes, bytes]], size: int, now: int) -> range:
+        """Make journaled messages visible (in memory until the next checkpoint) and apply the limits;
+        `size`: the bytes of their values. Called with the append lock held."""
         first = info.last_seq + 1
         recent = self._recent.get(info.channel_id)
         if recent is None:
@@ -448,7 +456,7 @@ class LmdbStore(Store):
             info,
             last_seq=info.last_seq + len(items),
             msgs=info.msgs + len(items),
-            bytes=info.bytes + sum(len(v) for _, v in items),
+            bytes=info.bytes + size,
             last_timestamp_unix_ns=ts,
         )
         info, gone = self._evict(info, now)
@@ -481,7 +489,7 @@ class LmdbStore(Store):
                         f"{first + len(items) - len(new)}, but the store ends at {info.last_seq}"
                     )
                 if new:
-                    self._add(info, ts, new, ts)
+                    self._add(info, ts, new, sum(len(value) for _, value in new), ts)
 
     def _evict(self, info: ChannelInfo, now: int) -> tuple[ChannelInfo, range]:
         """Apply the limits to the in-memory channel; the next checkpoint deletes the rows."""

@@ -280,15 +280,16 @@ class Pipeline:
             engine.on_dropped(channel, dropped)
         now = self.clock()
         by_channel: dict[str, list[Message]] = {}
-        readers: dict[str, bool] = {}
+        channel, messages, read = "", [], False  # a commit's publishes come in runs to one channel
         for p, (seq, timestamp) in zip(accepted, result.assigned, strict=True):
             p.seq = seq
-            messages = by_channel.get(p.channel)
-            if messages is None:
-                messages = by_channel[p.channel] = []
-                readers[p.channel] = engine.has_readers(p.channel)
-            if readers[p.channel]:  # handed over so the engine need not read them back
-                messages.append(Message(seq, timestamp, p.channel, p.reply, p.data, p.content_type))
+            if p.channel != channel:
+                channel = p.channel
+                if channel not in by_channel:
+                    by_channel[channel] = []
+                messages, read = by_channel[channel], engine.has_readers(channel)
+            if read:  # handed over so the engine need not read them back
+                messages.append(Message(seq, timestamp, channel, p.reply, p.data, p.content_type))
         if self.observer is not None:
             self._tell_observer(self.observer, accepted, result)
         for channel, messages in by_channel.items():

@@ -67,20 +67,20 @@ class StanOutbound:
         pub_ack = self._pub_ack  # one message re-filled per publish: half the cost of a new one each
         serialize = pub_ack.SerializeToString
         text = pub_ack.error = ""  # what `pub_ack` holds, tracked here: reading a field back costs too
+        inbox, run = "", []  # a commit's publishes come in runs from one publisher: one lookup a run
         for p in publishes:
-            if p.ack_to:
-                pub_ack.guid = p.guid
-                if errors:
-                    error = errors.get(id(p))
-                    wanted = "" if error is None else error_text(error)
-                    if wanted != text:
-                        text = pub_ack.error = wanted
-                ack = serialize()
-                subject_acks = acks.get(p.ack_to)
-                if subject_acks is None:
-                    acks[p.ack_to] = [ack]
-                else:
-                    subject_acks.append(ack)
+            to = p.ack_to
+            if not to:
+                continue
+            pub_ack.guid = p.guid
+            if errors:
+                error = errors.get(id(p))
+                wanted = "" if error is None else error_text(error)
+                if wanted != text:
+                    text = pub_ack.error = wanted
+            if to != inbox:
+                inbox, run = to, acks.setdefault(to, [])
+            run.append(serialize())
         for subject, payloads in acks.items():
             self._broker.publish_many(subject, payloads)
 

@@ -65,18 +65,19 @@ def parse_connect(payload: bytes) -> pb.ConnectRequest:
     return request
 
 
-def parse_publish(payload: bytes) -> pb.PubMsg:
-    """Raises InvalidRequest (with the guid, if the message parsed)."""
+def parse_publish(payload: bytes) -> tuple[pb.PubMsg, str, str, str]:
+    """The message with its channel, guid and reply subject, each read once (a read of a field
+    builds a new object each time). Raises InvalidRequest (with the guid, if the message parsed)."""
     try:
         message: pb.PubMsg = pb.PubMsg.FromString(payload)
     except (DecodeError, ValueError, RuntimeError) as exc:
         raise InvalidRequest(errors.INVALID_PUBLISH, "") from exc
-    if not message.guid or not valid_channel(message.subject):
-        raise InvalidRequest(errors.INVALID_PUBLISH, message.guid)
-    reply = message.reply
+    guid, channel, reply = message.guid, message.subject, message.reply
+    if not guid or not valid_channel(channel):
+        raise InvalidRequest(errors.INVALID_PUBLISH, guid)
     if len(reply) > MAX_REPLY_BYTES // 4 and len(reply.encode()) > MAX_REPLY_BYTES:
-        raise InvalidRequest(errors.INVALID_PUBLISH, message.guid)  # the store could not keep it
-    return message
+        raise InvalidRequest(errors.INVALID_PUBLISH, guid)  # the store could not keep it
+    return message, channel, guid, reply
 
 
 def ack_wait_ms(ack_wait_in_secs: int, *, ms_mode: bool) -> int:

@@ -278,6 +278,17 @@ class _Parser:
             return []
         skip = buf.find(b"\n", at, pos) + 1 - at
         line = bytes(buf[at : at + skip])
+        # Mostly the whole rest of the buffer repeats (its last operation shows it): then the payloads
+        # are sliced at their places, and the run they would make is compared with the buffer in one
+        # C call, where checking each control line took two calls a message. Else, the loop.
+        count = min(limit, (len(buf) - pos) // step)
+        last = pos + (count - 1) * step
+        if count > 1 and buf.startswith(line, last) and buf.startswith(b"\r\n", last + step - 2):
+            chunk = bytes(buf[pos : last + step])
+            payloads = [chunk[i + skip : i + step - 2] for i in range(0, count * step, step)]
+            if line + (b"\r\n" + line).join(payloads) + b"\r\n" == chunk:
+                self._pos, self._line_at = last + step, last
+                return payloads
         starts, end = buf.startswith, pos
         while limit > 0 and starts(line, end) and starts(b"\r\n", end + step - 2):
             end += step
@@ -426,8 +437,14 @@ def encode_msg(subject: str, sid: str, reply: str, payload: bytes) -> bytes:
 
 
 def encode_msgs(subject: str, sid: str, payloads: list[bytes]) -> bytes:
-    """Several MSGs to one subscription, without reply subjects, as one buffer (a run of deliveries)."""
+    """Several MSGs to one subscription, without reply subjects, as one buffer (a run of deliveries,
+    the PubAcks of a commit). When the payloads are all one size, as a publisher's PubAcks and a run of
+    equal messages mostly are, they share one control line and the buffer is one join: a fifth of the
+    cost of a line formatted per message (bench/README.md, **wire**)."""
     prefix = f"MSG {subject} {sid} ".encode()
+    if len(payloads) > 1 and len(set(map(len, payloads))) == 1:
+        line = b"%b%d\r\n" % (prefix, len(payloads[0]))
+        return line + (b"\r\n" + line).join(payloads) + b"\r\n"
     return b"".join(b"%b%d\r\n%b\r\n" % (prefix, len(p), p) for p in payloads)
 
 

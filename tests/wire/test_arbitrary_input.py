@@ -211,6 +211,36 @@ def test_a_run_is_the_messages_that_repeat_the_line_exactly() -> None:
     assert conn.repeats(9) == []
 
 
+@pytest.mark.parametrize("inside", [b"x\r\nPUB a 14\r\nx", b"ab\r\nPUB a 14\r\n", b"\r\nPUB a 14\r\nab"])
+def test_a_payload_that_holds_its_own_control_line_is_one_payload(inside: bytes) -> None:
+    frame = b"PUB a 14\r\n%b\r\n"
+    conn = p.ServerConnection()
+    conn.receive_data(frame % b"0123456789abcd" + frame % inside + frame % b"0123456789abcd" + frame % inside)
+    assert conn.next_event() == p.Pub("a", "", b"0123456789abcd")
+    assert conn.repeats(9) == [inside, b"0123456789abcd", inside]
+    assert conn.next_event() is p.NEED_DATA
+
+
+def test_a_run_ends_at_another_operation_of_the_same_length() -> None:
+    payload, inside = b"0123456789abcd", b"x\r\nPUB a 14\r\nx"
+
+    def frames(*parts: tuple[bytes, bytes]) -> bytes:
+        return b"".join(b"PUB %b 14\r\n%b\r\n" % part for part in parts)
+
+    # Another operation in the run, and a payload that holds the run's control line after it.
+    conn = p.ServerConnection()
+    conn.receive_data(frames((b"a", payload), (b"a", payload), (b"b", payload), (b"a", inside)))
+    assert conn.next_event() == p.Pub("a", "", payload)
+    assert conn.repeats(9) == [payload]
+    assert [conn.next_event(), conn.next_event()] == [p.Pub("b", "", payload), p.Pub("a", "", inside)]
+    # Another operation first, then the run's own line again.
+    conn = p.ServerConnection()
+    conn.receive_data(frames((b"a", payload), (b"b", payload), (b"a", payload)))
+    assert conn.next_event() == p.Pub("a", "", payload)
+    assert conn.repeats(9) == []
+    assert conn.next_event() == p.Pub("b", "", payload)
+
+
 def test_the_fast_path_takes_what_peers_send() -> None:
     conn = p.ServerConnection()
     conn.receive_data(b"PUB foo 3\r\nabc\r\nPUB foo _INBOX.1 0\r\n\r\n")

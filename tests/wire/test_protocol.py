@@ -91,6 +91,22 @@ def test_msg_round_trip(subject: str, sid: str, reply: str, payload: bytes) -> N
     ]
 
 
+# Payloads of one size take the shared-line path, mixed sizes the line-per-message one: both must be
+# exactly the messages one at a time.
+@given(
+    subject=subjects,
+    sid=st.integers(1, 10**9).map(str),
+    payloads=st.one_of(
+        st.lists(st.binary(max_size=40), max_size=8),
+        st.integers(0, 30).flatmap(lambda n: st.lists(st.binary(min_size=n, max_size=n), max_size=8)),
+    ),
+)
+def test_a_run_of_msgs_is_each_msg_in_turn(subject: str, sid: str, payloads: list[bytes]) -> None:
+    run = p.encode_msgs(subject, sid, payloads)
+    assert run == b"".join(p.encode_msg(subject, sid, "", payload) for payload in payloads)
+    assert events(p.ClientConnection(), run) == [p.Msg(subject, sid, "", payload) for payload in payloads]
+
+
 def test_server_lines_parse_on_the_client_side() -> None:
     data = b"INFO {\"max_payload\":1048576}\r\n+OK\r\nPING\r\nPONG\r\n-ERR 'Unknown Protocol Operation'\r\n"
     assert events(p.ClientConnection(), data) == [
