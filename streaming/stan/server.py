@@ -246,7 +246,7 @@ class StanServer:
         accepted: list[Publish] = []
         # Per message, a publish of a known client to a channel it may use costs only its parse and
         # its Publish; anything else takes the general path (`_checked`).
-        deleting, outbound, general = self._pipeline.deleting, self.outbound, self._restricts
+        deleting, outbound, restricts = self._pipeline.deleting, self.outbound, self._restricts
         for payload in payloads:
             try:
                 message, channel, guid, stored_reply = parse_publish(payload)
@@ -266,7 +266,7 @@ class StanServer:
                 continue
             if client is None:
                 self._respond(reply, pb.PubAck(guid=guid, error=errors.INVALID_PUBLISH), sender)
-            elif general or channel in deleting:
+            elif restricts or channel in deleting:
                 publish = self._checked(message, reply, sender)
                 if publish is not None:
                     accepted.append(publish)

@@ -286,7 +286,7 @@ class _Parser:
         if count > 1 and buf.startswith(line, last) and buf.startswith(b"\r\n", last + step - 2):
             chunk = bytes(buf[pos : last + step])
             payloads = [chunk[i + skip : i + step - 2] for i in range(0, count * step, step)]
-            if line + (b"\r\n" + line).join(payloads) + b"\r\n" == chunk:
+            if _each_after(line, payloads) == chunk:
                 self._pos, self._line_at = last + step, last
                 return payloads
         starts, end = buf.startswith, pos
@@ -443,9 +443,14 @@ def encode_msgs(subject: str, sid: str, payloads: list[bytes]) -> bytes:
     cost of a line formatted per message (bench/README.md, **wire**)."""
     prefix = f"MSG {subject} {sid} ".encode()
     if len(payloads) > 1 and len(set(map(len, payloads))) == 1:
-        line = b"%b%d\r\n" % (prefix, len(payloads[0]))
-        return line + (b"\r\n" + line).join(payloads) + b"\r\n"
+        return _each_after(b"%b%d\r\n" % (prefix, len(payloads[0])), payloads)
     return b"".join(b"%b%d\r\n%b\r\n" % (prefix, len(p), p) for p in payloads)
+
+
+def _each_after(line: bytes, payloads: list[bytes]) -> bytes:
+    """Operations that share one control line (so payloads of one size): each payload after `line`
+    and before CRLF, in one join."""
+    return line + (b"\r\n" + line).join(payloads) + b"\r\n"
 
 
 def encode_pub(subject: str, reply: str, payload: bytes) -> bytes:
