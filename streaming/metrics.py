@@ -104,6 +104,8 @@ class _Buckets:
         unset = bisect_left(times, 0.0)  # no delivery was pending: observed as 0
         below = 0  # values <= the previous bound
         for i, bound in enumerate(self.bounds):
+            if below == n:  # all counted: the larger bounds get none
+                break
             at_most = n - bisect_left(times, now - bound, unset) + unset
             row[i] += at_most - below
             below = at_most

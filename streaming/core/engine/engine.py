@@ -503,17 +503,38 @@ class Engine:
         sub = self._subs.get(sub_id)
         if sub is None:
             return 0
-        pending, own_id = sub.pending, sub.record.sub_id
+        removed, first_attempts = sub.pending.remove_many(seqs)
+        if None in removed:
+            return self._ack_some(sub, seqs, removed, now)
+        own_id = sub.record.sub_id
+        self._updates.append(ClearPendingRun(own_id, seqs.copy()))  # the caller's list stays its own
+        if self._observers:
+            run = self._ack_run
+            if run is None or run.sub is not sub.ref:
+                self._ack_run = run = AckedRun(sub.ref, now, [], [])
+                self._events.append(run)
+            run.seqs += seqs
+            run.acked += removed  # type: ignore[arg-type]  # no None in it
+            if not first_attempts:
+                run.first_attempts = False
+        self._timers.add(own_id)
+        if sub.online:
+            self._to_pump[own_id] = now
+        return len(seqs)
+
+    def _ack_some(self, sub: Sub, seqs: list[int], removed: list[tuple[int, float] | None], now: float) -> int:
+        """`ack_many` when some of `seqs` were not pending on `sub` (`removed` has None for those): each
+        of those the general way, in order among the others."""
+        own_id = sub.record.sub_id
         run = self._ack_run if self._observers else None
         if run is not None and run.sub is not sub.ref:
             run = None
         cleared: list[int] = []
         acked = 0
-        for seq in seqs:
-            removed = pending.remove(seq)
-            if removed is None:
+        for seq, entry in zip(seqs, removed, strict=True):
+            if entry is None:
                 # Unknown, a duplicate, or held by another member of its queue group: the general way.
-                acked += self.ack(sub_id, seq, now)
+                acked += self.ack(own_id, seq, now)
                 run = None  # `ack` may have started another member's run
                 continue
             cleared.append(seq)
@@ -524,8 +545,8 @@ class Engine:
                         self._ack_run = run = AckedRun(sub.ref, now, [], [])
                         self._events.append(run)
                 run.seqs.append(seq)
-                run.acked.append(removed)
-                if removed[0] != 1:
+                run.acked.append(entry)
+                if entry[0] != 1:
                     run.first_attempts = False
         if cleared:
             self._updates.append(ClearPendingRun(own_id, cleared))

@@ -89,8 +89,8 @@ class Delivered:
 
 @attrs.define(slots=True)
 class DeliveredRun:
-    """First deliveries of a backlog read to one subscription (attempt 1, reason NEW), in order: one
-    event for what one engine step sent, not one per message."""
+    """First deliveries of a backlog read to one subscription (attempt 1, reason NEW), in order (`seqs`
+    ascending, as the store reads them): one event for what one engine step sent, not one per message."""
 
     sub: SubRef
     seqs: list[int]

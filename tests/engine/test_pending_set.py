@@ -1,0 +1,67 @@
+"""A subscription's pending set: removing a burst of acks at once is removing each in turn."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streaming.core.engine.events import Reason
+from streaming.core.engine.pending import PendingSet
+
+# What happened to a sequence before the acks: sent (attempt, delay), made due, or nothing.
+_HISTORY = st.lists(
+    st.tuples(
+        st.integers(1, 12),
+        st.one_of(
+            st.tuples(st.just("sent"), st.integers(1, 3), st.sampled_from([1.0, 1.0, 1.0, 2.5])),
+            st.tuples(st.just("due"), st.integers(1, 3), st.just(0.0)),
+        ),
+    ),
+    max_size=30,
+)
+
+
+def _build(history: list[tuple[int, tuple[str, int, float]]]) -> PendingSet:
+    pending = PendingSet()
+    now = 0.0
+    for seq, (kind, attempt, delay) in history:
+        now += 0.25
+        if kind == "sent":
+            pending.sent(seq, attempt, delay, now + delay)
+        else:
+            pending.add_due(seq, attempt, Reason.MEMBER_LEFT)
+    return pending
+
+
+def _state(pending: PendingSet) -> tuple[int, list[int], list[tuple[int, int]]]:
+    return len(pending), sorted(pending), sorted((seq, pending.attempt(seq)) for seq in pending)
+
+
+@given(_HISTORY, st.data())
+def test_removing_a_burst_is_removing_each_in_turn(
+    history: list[tuple[int, tuple[str, int, float]]], data: st.DataObject
+) -> None:
+    one_by_one, at_once = _build(history), _build(history)
+    # Acks of what is pending (the usual burst), or of anything (duplicates, unknown sequences).
+    held = sorted(one_by_one)
+    acks = data.draw(
+        st.one_of(
+            st.permutations(held).flatmap(lambda p: st.integers(0, len(p)).map(lambda n: p[:n])),
+            st.lists(st.integers(1, 14), max_size=20),
+        )
+    )
+    expected = [one_by_one.remove(seq) for seq in acks]
+    removed, first_attempts = at_once.remove_many(acks)
+    assert removed == expected
+    assert first_attempts == all(entry is None or entry[0] == 1 for entry in expected)
+    assert _state(at_once) == _state(one_by_one)
+
+
+def test_a_burst_of_first_deliveries_in_one_lane_reports_when_each_was_sent() -> None:
+    pending = PendingSet()
+    pending.sent_first_many([1, 2, 3], 2.0, 12.0)  # sent at 10.0
+    pending.sent(4, 3, 2.0, 13.0)  # a third attempt, sent at 11.0
+    assert pending.remove_many([3, 1]) == ([(1, 10.0), (1, 10.0)], True)
+    assert pending.remove_many([4, 2]) == ([(3, 11.0), (1, 10.0)], False)
+    assert pending.remove_many([9]) == ([None], True)
+    assert len(pending) == 0
