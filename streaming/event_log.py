@@ -113,7 +113,9 @@ class EventLog:
             if type(event) is DeliveredRun:
                 if event.ack_wait_s != c.ack_wait_s:
                     c.set_ack_wait(event.ack_wait_s)
-                append(_run(f'{{"ts":{ts},{c.deliver_head}', event.seqs, c.deliver_run, c.deliver_first, True))
+                append(
+                    _run(f'{{"ts":{ts},{c.deliver_head}', event.seqs, c.deliver_run, c.deliver_first, ascending=True)
+                )
                 lines += len(event.seqs) - 1
             elif type(event) is AckedRun:
                 seqs = event.seqs
@@ -225,7 +227,7 @@ class EventLog:
         return out
 
 
-def _run(head: str, seqs: list[int], run_tail: str, one_tail: str, ascending: bool = False) -> str:
+def _run(head: str, seqs: list[int], run_tail: str, one_tail: str, *, ascending: bool = False) -> str:
     """The lines of a run of events that differ only in `seq`: one line (`head`, the first sequence,
     `last_seq`, `run_tail`) when its sequences follow one another, else a line per sequence ending in
     `one_tail`. Telling which is a comparison in C, not a step per sequence; none at all when the

@@ -501,7 +501,7 @@ class Engine:
     def ack_many(self, sub_id: int, seqs: list[int], now: float) -> int:
         """`ack` of each of `seqs` on one subscription (a read's burst of acks); how many counted."""
         sub = self._subs.get(sub_id)
-        if sub is None:
+        if sub is None or not seqs:
             return 0
         removed, first_attempts = sub.pending.remove_many(seqs)
         if None in removed:
