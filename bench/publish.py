@@ -22,8 +22,14 @@ fraction of `1 / (fdatasync + round trip)` (`ours_sync_fraction_of_limit`, targe
 one-at-a-time run against ours with the memory store (`ours_memory_sync_128_msgs_per_s`: everything a
 publish costs but the disk) bounds what this design can reach: `ours_sync_ceiling_fraction` is
 `1 / (fdatasync + 1 / that rate)` as a fraction of the limit.
-With `--clients node` (or `both`): pipelined 128 B with Node clients on both sides, ours and JetStream
-(`node_ours_async_128_msgs_per_s`, `node_ratio_async_vs_jetstream`, server CPU per message).
+Two floors under that limit are measured in the same run by `bench/floor_server.py`, a server that
+appends, fdatasyncs and echoes and does nothing else, with a blocking client
+(`floor_blocking_fraction_of_limit`: plain blocking calls; `floor_trio_fraction_of_limit`: on Trio, as
+our server is): what any server reaches at best, and what one on Trio reaches at best.
+With `--clients node` (or `both`): 128 B with Node clients on both sides, ours and JetStream: pipelined
+(`node_ours_async_128_msgs_per_s`, `node_ratio_async_vs_jetstream`, server CPU per message) and one at a
+time against JetStream with an fsync per write (`node_ours_sync_128_msgs_per_s`,
+`node_ratio_sync_vs_jetstream_sync`, `node_ours_sync_fraction_of_limit`).
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from streaming.client import connect  # noqa: E402
 SIZES = {"128": 128, "4k": 4096}
 SEQUENTIAL_SECONDS = 5.0
 _RECORD = 186  # bytes of journal per 128 B message published alone (header, head, payload)
+_PUB_FRAME = 266  # bytes of the NATS PUB carrying one 128 B STAN publish
 
 
 async def _ours(port: int, size: int, n_async: int, n_sync: int) -> tuple[float, float]:
@@ -163,6 +170,35 @@ def physical_limit(samples: int = 300) -> tuple[float, float]:
     return statistics.median(syncs), statistics.median(trips)
 
 
+def floor_rate(kind: str, count: int = 3000) -> float:
+    """Requests per second, one at a time, that `bench/floor_server.py` answers with `kind`
+    ("blocking" or "trio") to a blocking client: a publish-sized request, a 186-byte append and an
+    fdatasync, the request echoed back. The best a server can do (blocking), and on Trio."""
+    request = b"x" * _PUB_FRAME
+    with tempfile.TemporaryDirectory(prefix="bench-floor-") as tmp:
+        argv = [sys.executable, str(ROOT / "bench" / "floor_server.py"), tmp, kind]
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:
+            assert proc.stdout is not None
+            try:
+                with socket.create_connection(("127.0.0.1", int(proc.stdout.readline()))) as client:
+                    client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+                    def one() -> None:
+                        client.sendall(request)
+                        left = len(request)
+                        while left:
+                            left -= len(client.recv(65536))
+
+                    for _ in range(300):
+                        one()
+                    started = time.perf_counter()
+                    for _ in range(count):
+                        one()
+                    return count / (time.perf_counter() - started)
+            finally:
+                proc.kill()
+
+
 def cases(quick: bool) -> Iterator[tuple[str, int, int, int]]:
     """(size key, bytes, pipelined count, sequential count)."""
     yield "128", 128, (20_000 if quick else 100_000), (300 if quick else 3_000)
@@ -176,7 +212,7 @@ def main() -> None:
         choices=["python", "node", "both"],
         default="python",
         help="who publishes: our Python client and nats-py / redis-py (default), Node clients on both sides "
-        "(node-nats-streaming, nats.js 2.x; ours and JetStream, pipelined 128 B), or both",
+        "(node-nats-streaming, nats.js 2.x; ours and JetStream, 128 B pipelined and one at a time), or both",
     )
     args = parser.parse_args()
     console = Console(stderr=args.json)
@@ -184,23 +220,54 @@ def main() -> None:
         "scale": "quick" if args.quick else "full",
         "machine": machine(),
     }
-    todo = list(cases(args.quick))
     python, node = args.clients in ("python", "both"), args.clients in ("node", "both")
     rows: list[tuple[str, str, str]] = []
     if node:
-        count = 50_000 if args.quick else 200_000
-        for system in NODE_SYSTEMS:
-            rate, cpu_us = run_node(system, "publish", count, 1, False, count)
-            result[f"node_{system}_async_128_msgs_per_s"] = round(rate)
-            result[f"node_{system}_async_128_server_us_per_msg"] = round(cpu_us, 2)
-        mine, theirs = result["node_ours_async_128_msgs_per_s"], result["node_jetstream_async_128_msgs_per_s"]
-        ratio = result["node_ratio_async_vs_jetstream"] = round(mine / theirs, 3)
-        mine_us = result["node_ours_async_128_server_us_per_msg"]
-        rows.append(("node clients, async 128 B: ours", f"{mine:,} ({mine_us} µs server CPU each)", "<= 6 µs"))
-        rows.append(("node clients, async 128 B: jetstream (ours / it)", f"{theirs:,} ({ratio:.2f})", ">= 3"))
-        if not python:
-            print_report(console, f"durable publish, msgs/s ({result['scale']})", rows, result, args.json)
-            return
+        _node_cases(result, rows, args.quick)
+    if python:
+        _python_cases(result, rows, list(cases(args.quick)), console)
+    _sync_limits(result, rows, python, node, args.quick)
+    print_report(console, f"durable publish, msgs/s ({result['scale']})", rows, result, args.json)
+    if args.plot and python:
+        groups = {
+            f"{'pipelined' if mode == 'async' else 'sequential'} {size_key}": {
+                system: float(result[f"{system}_{mode}_{size_key}_msgs_per_s"]) for system in SYSTEMS
+            }
+            for mode in ("async", "sync")
+            for size_key in SIZES
+        }
+        bar_plot(args.plot, "durable publish", "messages/s (log)", groups, log=True)
+
+
+def _node_cases(result: dict[str, Any], rows: list[tuple[str, str, str]], quick: bool) -> None:
+    """Node clients on both sides, 128 B: pipelined against JetStream's default, and one at a time
+    against JetStream with an fsync per write."""
+    count = 50_000 if quick else 200_000
+    for system in NODE_SYSTEMS:
+        rate, cpu_us = run_node(system, "publish", count, 1, False, count)
+        result[f"node_{system}_async_128_msgs_per_s"] = round(rate)
+        result[f"node_{system}_async_128_server_us_per_msg"] = round(cpu_us, 2)
+    mine, theirs = result["node_ours_async_128_msgs_per_s"], result["node_jetstream_async_128_msgs_per_s"]
+    ratio = result["node_ratio_async_vs_jetstream"] = round(mine / theirs, 3)
+    mine_us = result["node_ours_async_128_server_us_per_msg"]
+    rows.append(("node clients, async 128 B: ours", f"{mine:,} ({mine_us} µs server CPU each)", "<= 6 µs"))
+    rows.append(("node clients, async 128 B: jetstream (ours / it)", f"{theirs:,} ({ratio:.2f})", ">= 3"))
+    count = 2_000 if quick else 10_000
+    for system in ("ours", "jetstream_sync"):
+        rate, cpu_us = run_node(system, "sequential", count, 1, False, count)
+        result[f"node_{system}_sync_128_msgs_per_s"] = round(rate)
+        result[f"node_{system}_sync_128_server_us_per_msg"] = round(cpu_us, 1)
+    mine, theirs = result["node_ours_sync_128_msgs_per_s"], result["node_jetstream_sync_sync_128_msgs_per_s"]
+    ratio = result["node_ratio_sync_vs_jetstream_sync"] = round(mine / theirs, 3)
+    mine_us = result["node_ours_sync_128_server_us_per_msg"]
+    rows.append(("node clients, sync 128 B: ours", f"{mine:,} ({mine_us} µs server CPU each)", ""))
+    rows.append(("node clients, sync 128 B: jetstream_sync (ours / it)", f"{theirs:,} ({ratio:.2f})", ""))
+
+
+def _python_cases(
+    result: dict[str, Any], rows: list[tuple[str, str, str]], todo: list[tuple[str, int, int, int]], console: Console
+) -> None:
+    """Every system with its Python client: pipelined and one at a time, 128 B and 4 KiB."""
     with progress(console) as bar:
         task = bar.add_task("publish", total=len(SYSTEMS) * len(todo))
         for system in SYSTEMS:
@@ -223,42 +290,45 @@ def main() -> None:
                 if (mode, size_key, peer) == ("sync", "128", "jetstream"):
                     target = ">= 1.5"
                 rows.append((f"{mode} {size_key} B: {peer} (ours / it)", f"{theirs:,} ({ratio:.2f})", target))
-    fsync_s, rtt_s = physical_limit()
-    limit = 1 / (fsync_s + rtt_s)
-    result["fdatasync_ms"], result["loopback_rtt_ms"] = round(fsync_s * 1000, 3), round(rtt_s * 1000, 3)
-    result["sync_limit_msgs_per_s"] = round(limit)
-    fraction = result["ours_sync_fraction_of_limit"] = round(result["ours_sync_128_msgs_per_s"] / limit, 3)
-    rows.append(
-        (
-            f"sync 128 B: ours / (1 / (fdatasync {fsync_s * 1000:.3f} ms + round trip {rtt_s * 1000:.3f} ms))",
-            f"{fraction:.2f} of {limit:,.0f}/s",
-            ">= 0.7",
-        )
-    )
     # What this design allows at best: the same run with the memory store (no disk at all) gives the
-    # time a publish costs besides its fsync; add one fdatasync to it.
+    # time a publish costs besides its fsync; `_sync_limits` adds one fdatasync to it.
     _, size, n_async, n_sync = todo[0]
     with peers.ours("-st", "memory") as server:
         _, memory_rate = _run("ours", server.port, size, n_async, n_sync)
     result["ours_memory_sync_128_msgs_per_s"] = round(memory_rate)
-    ceiling = result["ours_sync_ceiling_fraction"] = round(1 / (fsync_s + 1 / memory_rate) / limit, 3)
-    rows.append(
-        (
-            "sync 128 B: ours with the memory store (no disk); the best fraction that leaves",
-            f"{memory_rate:,.0f}/s; {ceiling:.2f}",
-            "",
+
+
+def _sync_limits(
+    result: dict[str, Any], rows: list[tuple[str, str, str]], python: bool, node: bool, quick: bool
+) -> None:
+    """One publish at a time as a fraction of the physical limit, and of the two floors under it that
+    do no work of a server's (`bench/floor_server.py`): blocking calls, and Trio."""
+    fsync_s, rtt_s = physical_limit()
+    limit = 1 / (fsync_s + rtt_s)
+    result["fdatasync_ms"], result["loopback_rtt_ms"] = round(fsync_s * 1000, 3), round(rtt_s * 1000, 3)
+    result["sync_limit_msgs_per_s"] = round(limit)
+    limit_text = f"1 / (fdatasync {fsync_s * 1000:.3f} ms + round trip {rtt_s * 1000:.3f} ms)"
+    for kind in ("blocking", "trio"):
+        rate = floor_rate(kind, 1_000 if quick else 3_000)
+        result[f"floor_{kind}_msgs_per_s"] = round(rate)
+        fraction = result[f"floor_{kind}_fraction_of_limit"] = round(rate / limit, 3)
+        rows.append((f"sync: append + fdatasync + echo, {kind} server / limit", f"{rate:,.0f}/s; {fraction:.2f}", ""))
+    if python:
+        fraction = result["ours_sync_fraction_of_limit"] = round(result["ours_sync_128_msgs_per_s"] / limit, 3)
+        rows.append((f"sync 128 B: ours / ({limit_text})", f"{fraction:.2f} of {limit:,.0f}/s", ">= 0.7"))
+        memory_rate = result["ours_memory_sync_128_msgs_per_s"]
+        ceiling = result["ours_sync_ceiling_fraction"] = round(1 / (fsync_s + 1 / memory_rate) / limit, 3)
+        rows.append(
+            (
+                "sync 128 B: ours with the memory store (no disk); the best fraction that leaves",
+                f"{memory_rate:,.0f}/s; {ceiling:.2f}",
+                "",
+            )
         )
-    )
-    print_report(console, f"durable publish, msgs/s ({result['scale']})", rows, result, args.json)
-    if args.plot:
-        groups = {
-            f"{'pipelined' if mode == 'async' else 'sequential'} {size_key}": {
-                system: float(result[f"{system}_{mode}_{size_key}_msgs_per_s"]) for system in SYSTEMS
-            }
-            for mode in ("async", "sync")
-            for size_key in SIZES
-        }
-        bar_plot(args.plot, "durable publish", "messages/s (log)", groups, log=True)
+    if node:
+        rate = result["node_ours_sync_128_msgs_per_s"]
+        fraction = result["node_ours_sync_fraction_of_limit"] = round(rate / limit, 3)
+        rows.append((f"node clients, sync 128 B: ours / ({limit_text})", f"{fraction:.2f} of {limit:,.0f}/s", ""))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 // Fast clients for the benchmarks: the same workload driven from Node on both sides.
 // Usage: node clients.js <system> <workload> <port> <messages> [subscribers] [queue]
 //   system: ours (node-nats-streaming) | jetstream (nats.js 2.x, a file stream)
-//   workload: publish (pipelined, every PubAck awaited at the end) | consume (pre-published, then
-//             push delivery with an ack per message, MaxInflight / max_ack_pending 1024)
+//   workload: publish (pipelined, every PubAck awaited at the end) | sequential (one at a time, each
+//             PubAck awaited before the next publish; 300 untimed first) | consume (pre-published,
+//             then push delivery with an ack per message, MaxInflight / max_ack_pending 1024)
 // Prints `start` when the timed part starts, then one JSON line: {"ok": true, "msgs_per_s": N,
 // "seconds": S} (the timed part only), or {"ok": false, "error": ...}.
 'use strict';
@@ -59,6 +60,9 @@ async function ours() {
     await stanPublishAll(pub, channel, total);
     return finish(started, total);
   }
+  if (workload === 'sequential') {
+    return oneAtATime(() => new Promise((resolve, reject) => pub.publish(channel, payload, (err) => (err ? reject(err) : resolve()))));
+  }
   await stanPublishAll(pub, channel, total);
   const expected = queue ? total : total * subscribers;
   let received = 0;
@@ -101,6 +105,7 @@ async function jetstream() {
     await publishAll(total);
     return finish(started, total);
   }
+  if (workload === 'sequential') return oneAtATime(() => js.publish('bench', payload));
   await publishAll(total);
   const consumers = queue ? 1 : subscribers;
   for (let i = 0; i < consumers; i++) {
@@ -126,6 +131,14 @@ async function jetstream() {
     }
   });
   return finish(started, expected);
+}
+
+// Publish one at a time, each confirmation awaited before the next: 300 untimed, then `total` timed.
+async function oneAtATime(publishOne) {
+  for (let i = 0; i < 300; i++) await publishOne();
+  const started = begin();
+  for (let i = 0; i < total; i++) await publishOne();
+  return finish(started, total);
 }
 
 // The timed part starts: say so, so that the benchmark samples the server's CPU from here.
