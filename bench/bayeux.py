@@ -15,9 +15,15 @@ a Node Bayeux server that keeps nothing on disk and has no acks. Each figure is 
 `--runs` runs, the two servers alternating. Full: 50,000 messages and 4,000 at the rate, 3 runs;
 quick: 10,000 and 1,000, one run (under a minute).
 
-JSON keys: `<system>_msgs_per_s`, `<system>_p50_ms`, `<system>_p99_ms`, `ours_cpu_us_per_msg` (the
-server process's CPU over the throughput run, per message), `throughput_ratio_vs_faye` (target >= 1.0),
-`p99_ratio_vs_faye` (target <= 1.5).
+The floor (`bench/bayeux_floor.py`, throughput only): a Bayeux server on our HTTP stack (hypercorn's
+Trio worker and Starlette) that does what Faye does and nothing more: in memory, no acks, no checks.
+It bounds what any server on that stack reaches with this client: `floor_ratio_vs_faye` says whether
+the stack can match Faye at all, `throughput_ratio_vs_floor` how much of it our own work leaves.
+
+JSON keys: `<system>_msgs_per_s`, `<system>_cpu_us_per_msg` (the server process's CPU over the
+throughput run, per message), `<system>_p50_ms`, `<system>_p99_ms` (ours and Faye),
+`throughput_ratio_vs_faye` (target >= 1.0), `p99_ratio_vs_faye` (target <= 1.5), `floor_ratio_vs_faye`,
+`throughput_ratio_vs_floor`.
 """
 
 from __future__ import annotations
@@ -38,13 +44,15 @@ from bench.node_clients import NODE_DIR, ServerCpu, drive  # noqa: E402
 from bench.report import arguments, machine, print_report, progress  # noqa: E402
 
 BATCH = 100
-SYSTEMS = ("ours", "faye")
+SYSTEMS = ("ours", "faye", "floor")
 
 
 def server(system: str) -> AbstractContextManager[peers.Server]:
-    """A fresh server: ours with its HTTP client port, or Faye."""
+    """A fresh server: ours with its HTTP client port, Faye, or the floor of our HTTP stack."""
     if system == "ours":
         return peers.http_server("bayeux")
+    if system == "floor":
+        return peers.http_server("floor", [sys.executable, str(ROOT / "bench" / "bayeux_floor.py"), "{port}"])
     return peers.http_server("faye", ["node", str(NODE_DIR / "faye_server.js"), "{port}"])
 
 
@@ -74,10 +82,10 @@ def main() -> None:
     result.update({"messages": count, "latency_messages": timed, "rate": args.rate, "batch": BATCH})
     samples: dict[str, list[dict[str, Any]]] = {f"{s}_{m}": [] for s in SYSTEMS for m in ("throughput", "latency")}
     with progress(console) as bar:
-        task = bar.add_task("runs", total=runs * 4)
+        task = bar.add_task("runs", total=runs * 5)
         for _ in range(runs):
             for mode, size, knob in (("throughput", count, BATCH), ("latency", timed, args.rate)):
-                for system in SYSTEMS:
+                for system in SYSTEMS if mode == "throughput" else SYSTEMS[:2]:
                     bar.update(task, description=f"{system}: {mode}")
                     samples[f"{system}_{mode}"].append(run_client(system, mode, size, knob))
                     bar.advance(task)
@@ -85,14 +93,19 @@ def main() -> None:
         through, latency = samples[f"{system}_throughput"], samples[f"{system}_latency"]
         result[f"{system}_msgs_per_s"] = round(statistics.median(r["msgs_per_s"] for r in through))
         result[f"{system}_cpu_us_per_msg"] = round(statistics.median(r["cpu_us_per_msg"] for r in through), 2)
+        if not latency:
+            continue
         result[f"{system}_p50_ms"] = round(statistics.median(r["p50_ms"] for r in latency), 2)
         result[f"{system}_p99_ms"] = round(statistics.median(r["p99_ms"] for r in latency), 2)
         result[f"{system}_latency_msgs_per_s"] = round(statistics.median(r["msgs_per_s"] for r in latency))
     result["throughput_ratio_vs_faye"] = round(result["ours_msgs_per_s"] / result["faye_msgs_per_s"], 3)
     result["p99_ratio_vs_faye"] = round(result["ours_p99_ms"] / result["faye_p99_ms"], 3)
+    result["floor_ratio_vs_faye"] = round(result["floor_msgs_per_s"] / result["faye_msgs_per_s"], 3)
+    result["throughput_ratio_vs_floor"] = round(result["ours_msgs_per_s"] / result["floor_msgs_per_s"], 3)
     rows = [(k, f"{v:,}" if isinstance(v, int) else f"{v}", "") for k, v in result.items() if k.startswith(SYSTEMS)]
     rows.append(("throughput_ratio_vs_faye", f"{result['throughput_ratio_vs_faye']}", ">= 1.0"))
     rows.append(("p99_ratio_vs_faye", f"{result['p99_ratio_vs_faye']}", "<= 1.5"))
+    rows.append(("throughput_ratio_vs_floor", f"{result['throughput_ratio_vs_floor']}", ""))
     title = f"Bayeux with the CometD client: {count:,} messages, latency at {args.rate}/s ({result['scale']})"
     print_report(console, title, rows, result, args.json)
 
