@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import secrets
 from collections import deque
 from typing import Any, Final
@@ -124,9 +125,11 @@ def new_client_id() -> str:
 
 
 def parse_body(body: bytes) -> list[Any]:
-    """The messages of a request body: a JSON array, or a single object."""
+    """The messages of a request body: a JSON array, or a single object. `NaN` and `Infinity` are
+    refused (they are not JSON, and JavaScript's `JSON.parse` refuses them too), and so is a number no
+    double holds (`1e999`): once parsed, it could only be written back as one of them."""
     try:
-        value = json.loads(body)
+        value = json.loads(body, parse_constant=_no_constants, parse_float=_finite)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadBody(f"the body is not JSON: {exc}") from None
     if isinstance(value, dict):
@@ -236,11 +239,28 @@ def subscriptions_of(message: dict[str, Any]) -> list[str] | dict[str, Any]:
 
 def encode_data(data: Any) -> bytes:
     """A Bayeux message's `data` as stored: compact JSON."""
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+    return json_bytes(data)
+
+
+def json_bytes(value: Any) -> bytes:
+    """`value` (as parsed by `parse_body`) as compact JSON in UTF-8. A string holding half of a UTF-16
+    surrogate pair (JSON allows `"\\ud800"`, JavaScript strings hold them, UTF-8 cannot) is written
+    as JSON's escape instead, so the value reaches the other side unchanged."""
+    try:
+        return _compact.encode(value).encode()
+    except UnicodeEncodeError:
+        return _compact_ascii.encode(value).encode()
 
 
 def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")  # json.loads would take NaN and Infinity; JSON.parse does not
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e999: JSON's syntax, but no double holds it and JSON cannot write inf
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
 
 
 _strict = json.JSONDecoder(parse_constant=_no_constants)
@@ -288,8 +308,8 @@ def published(message: dict[str, Any]) -> bytes:
 
 def encode_answer(parts: list[dict[str, Any] | bytes]) -> bytes:
     """A response body: a JSON array of replies (dicts) and deliveries (already encoded)."""
-    dumps = _compact.encode
-    return b"[" + b",".join(p if isinstance(p, bytes) else dumps(p).encode() for p in parts) + b"]"
+    return b"[" + b",".join(p if isinstance(p, bytes) else json_bytes(p) for p in parts) + b"]"
 
 
 _compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_compact_ascii = json.JSONEncoder(separators=(",", ":"), allow_nan=False)

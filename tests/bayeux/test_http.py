@@ -238,7 +238,10 @@ async def test_bad_bodies_get_an_http_error_and_others_keep_working(server: Runn
         await good.handshake()
         await good.connect(0, now=True)
         await good.subscribe("/chat/y")
-        for body, status in [(b"not json", 400), (b'"a string"', 400), (b"[]", 400), (b"{", 400)]:
+        bad = [(b"not json", 400), (b'"a string"', 400), (b"[]", 400), (b"{", 400)]
+        publish = '{"channel":"/chat/y","clientId":"%s","data":%s}'
+        bad += [(("[" + publish % (good.client_id, value) + "]").encode(), 400) for value in ("NaN", "[1e999]")]
+        for body, status in bad:
             response = await raw.http.post("/cometd", content=body, headers={"content-type": "application/json"})
             assert response.status_code == status, body
             assert response.json()[0]["successful"] is False
@@ -248,6 +251,28 @@ async def test_bad_bodies_get_an_http_error_and_others_keep_working(server: Runn
         assert (await good.publish("/chat/y", "still fine"))["successful"]
         deliveries, _ = await good.connect(1)
         assert datas(deliveries) == ["still fine"]
+
+
+async def test_a_lone_surrogate_reaches_subscribers_as_it_was_sent_and_breaks_no_reply(server: Running) -> None:
+    """JavaScript strings may hold half of a surrogate pair, which JSON escapes and UTF-8 cannot carry."""
+    async with raw_client(server.http_api_port) as raw:
+        await raw.handshake()
+        await raw.connect(0, now=True)
+        await raw.subscribe("/chat/s")
+        cid = raw.client_id
+        messages = [
+            {"id": "1", "channel": "/chat/s", "data": {"s": "\ud800é"}, "clientId": cid},
+            {"id": "2", "channel": "/chat/\udc00", "data": 1, "clientId": cid},
+            {"id": "3", "channel": "/chat/s", "data": "after", "clientId": cid},
+        ]
+        body = json.dumps(messages).encode()  # as JSON.stringify writes them: the halves escaped
+        response = await raw.http.post("/cometd", content=body, headers={"content-type": "application/json"})
+        assert response.status_code == 200, response.text
+        answers = response.json()
+        assert [a["successful"] for a in answers] == [True, False, True]
+        assert answers[1]["channel"] == "/chat/\udc00"
+        deliveries, _ = await raw.connect(1)
+        assert datas(deliveries) == [{"s": "\ud800é"}, "after"]
 
 
 async def test_every_path_takes_posts_and_chunked_bodies_and_websocket_is_refused(server: Running) -> None:

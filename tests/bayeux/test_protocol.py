@@ -55,6 +55,44 @@ def test_any_body_is_messages_or_a_clear_error(body: bytes) -> None:
         assert isinstance(messages, list) and messages
 
 
+def test_numbers_and_constants_that_are_not_json_are_refused_with_the_body() -> None:
+    for body in (b'{"channel":"/a","data":NaN}', b"[Infinity]", b"[-Infinity]", b"[1e999]", b'{"data":[-2E400]}'):
+        with pytest.raises(bx.BadBody, match="not JSON"):
+            bx.parse_body(body)
+    assert bx.parse_body(b'[{"data":[1e308,-2.5e-300,0.1]}]') == [{"data": [1e308, -2.5e-300, 0.1]}]
+
+
+# Any code point, lone UTF-16 surrogates included: JSON's "\ud800" escape parses to one, and
+# JavaScript strings (what CometD clients publish) hold them.
+surrogates = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF, exclude_categories=())
+any_text = st.text(st.characters(codec=None, exclude_categories=()) | surrogates, max_size=6)
+
+
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | any_text,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(any_text, inner, max_size=3),
+        max_leaves=8,
+    )
+)
+def test_any_parsed_value_is_stored_as_json_that_reads_back_the_same(value: Any) -> None:
+    # As a client sends it (JSON.stringify escapes lone surrogates), then as the door parses it.
+    (message,) = bx.parse_body(json.dumps([{"channel": "/a", "data": value}]).encode())
+    stored = bx.encode_data(message["data"])
+    stored.decode()  # UTF-8
+    assert json.loads(stored) == message["data"]
+
+
+def test_a_lone_surrogate_is_stored_as_its_escape_and_delivered_as_json() -> None:
+    (message,) = bx.parse_body(b'[{"channel":"/a","data":{"s":"\\ud800x\u00e9"}}]')
+    stored = bx.encode_data(message["data"])
+    assert stored == b'{"s":"\\ud800x\\u00e9"}'
+    delivered = json.loads(bx.delivery(b'"/a"', "1x1", 1, 0, stored))
+    assert delivered["data"] == {"s": "\ud800x\u00e9"} and "encoding" not in delivered["ext"]
+    answer = bx.encode_answer([bx.error({"channel": "/\udc00"}, bx.CHANNEL_INVALID)])
+    assert json.loads(answer) == [{"channel": "/\udc00", "successful": False, "error": bx.CHANNEL_INVALID}]
+
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=10),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3),
