@@ -142,6 +142,7 @@ class BayeuxDoor:
         out: list[dict[str, Any] | bytes] = []
         commits: _Commits | None = None
         alone = len(messages) == 1
+        touched: _Live | None = None  # a request's messages keep their session alive once, not each
         for message in messages:
             bad = bx.check(message)
             if bad is not None:
@@ -159,7 +160,9 @@ class BayeuxDoor:
             if channel == "/meta/connect":
                 out.extend(await self._connect(live, message, alone))
                 continue
-            self._touch(live)
+            if live is not touched:
+                self._touch(live)
+                touched = live
             if channel == "/meta/disconnect":
                 self._end(live)
                 out.append(bx.reply(message, successful=True))

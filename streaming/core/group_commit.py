@@ -4,9 +4,10 @@ journal record, fsynced unless `file_sync` is off; then deliveries, then every p
 acknowledgement, in arrival order, as the reference server does).
 
 A lone publish is committed at once (a batch of one), so sequential publishers are not delayed; under
-load the batch grows by itself while the previous commit runs (small ones on the event loop, large ones
-with the append on the store thread). Accepted publishes beyond `high_water` make the publishing
-connections wait (TCP back-pressure), so memory stays bounded.
+load the batch grows by itself while the previous commit runs. Small batches (up to `inline_batch`
+messages and `inline_bytes` of payload) are committed on the event loop; larger ones with the append on
+the store thread, so that parsing overlaps it and the loop is never held long. Accepted publishes
+beyond `high_water` make the publishing connections wait (TCP back-pressure), so memory stays bounded.
 
 When only one connection has been publishing lately and its input span is over with no more input
 waiting, the span's end commits its publishes there and then (`after_span`), inside the doors' write
@@ -45,6 +46,7 @@ class GroupCommitStatistics:
     messages: int
     largest_batch: int
     inline_commits: int  # commits made at the end of an input span, not by the commit task
+    thread_commits: int  # commits whose append ran on the store thread (batches too large to hold the loop)
 
 
 class _Outcomes:
@@ -68,13 +70,15 @@ class GroupCommit:
         store_in_thread: bool,
         max_batch: int = 8192,
         high_water: int = 65536,
-        inline_batch: int = 16,
+        inline_batch: int = 128,
+        inline_bytes: int = 64 * 1024,
     ) -> None:
         self._pipeline = pipeline
         self._in_thread = store_in_thread
         self._max_batch = max_batch
         self._high_water = high_water
         self._inline_batch = inline_batch
+        self._inline_bytes = inline_bytes
         self._queue: list[Publish] = []
         self._work = trio.Event()
         self._room = trio.Event()
@@ -89,6 +93,7 @@ class GroupCommit:
         self._last_origin: str | None = None  # ack address (one per connection) of the latest publish
         self._shared_at = -_SHARED_WINDOW_S  # when the latest publish came from another origin
         self.inline_commits = 0
+        self.thread_commits = 0
 
     def submit(self, publish: Publish) -> bool:
         """Queue a publish; committed at the end of the current input span, or by the task. False when
@@ -124,7 +129,7 @@ class GroupCommit:
         if (
             more_input  # a stream of publishes: the task's batches grow, and large ones overlap parsing
             or self._busy
-            or len(queue) > (self._inline_batch if self._in_thread else self._max_batch)
+            or (len(queue) > self._max_batch if not self._in_thread else not self._small(queue))
             or trio.current_time() - self._shared_at < _SHARED_WINDOW_S
             or not self._pipeline.channels_exist(queue)
         ):
@@ -183,7 +188,12 @@ class GroupCommit:
     def statistics(self) -> GroupCommitStatistics:
         pipeline = self._pipeline
         return GroupCommitStatistics(
-            len(self._queue), pipeline.commits, self._committed, pipeline.largest_batch, self.inline_commits
+            len(self._queue),
+            pipeline.commits,
+            self._committed,
+            pipeline.largest_batch,
+            self.inline_commits,
+            self.thread_commits,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -228,13 +238,14 @@ class GroupCommit:
         for name in missing:
             await call_store(partial(pipeline.create_channel, name, refused), in_thread=self._in_thread)
         accepted = pipeline.accepted(batch, refused)
-        if not (self._in_thread and len(accepted) > self._inline_batch):
+        if not self._in_thread or self._small(accepted):
             # A small batch means a lightly loaded server whose publishers wait on this commit: the
             # hop to a worker thread and back would cost them more than holding the loop for the
             # fsync. (Channels were created above, so this does not await.)
             pipeline.commit(batch, refused)
             return
         # A large batch goes to the thread so that parsing overlaps the fsync.
+        self.thread_commits += 1
         started = time.perf_counter()
         outcome: AppendResult | StoreError
         try:
@@ -243,6 +254,11 @@ class GroupCommit:
             outcome = exc
         with pipeline.outbound.holding():
             pipeline.finish(batch, accepted, refused, outcome, started)
+
+    def _small(self, batch: list[Publish]) -> bool:
+        """Small enough to commit on the event loop: the hop to the store thread and back (~0.1 ms of
+        CPU) would cost more than the loop is held (see bench/README.md, *Figures behind choices*)."""
+        return len(batch) <= self._inline_batch and sum(len(p.data) for p in batch) <= self._inline_bytes
 
     def _done(self, batch: list[Publish]) -> None:
         self._committed += len(batch)

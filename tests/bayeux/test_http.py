@@ -275,6 +275,25 @@ async def test_a_lone_surrogate_reaches_subscribers_as_it_was_sent_and_breaks_no
         assert datas(deliveries) == [{"s": "\ud800é"}, "after"]
 
 
+async def test_a_request_of_small_publishes_is_committed_on_the_event_loop_and_a_large_one_on_the_store_thread(
+    server: Running,
+) -> None:
+    """A request's publishes are one commit. A hundred small ones cost less on the event loop than the
+    hop to the store thread and back; a few hundred KiB go to the thread, so the loop is not held."""
+    async with raw_client(server.http_api_port) as raw:
+        await raw.handshake()
+        commits = server.core.group_commit
+        before = commits.statistics()
+        small = [{"channel": "/chat/s", "data": {"n": i}, "clientId": raw.client_id} for i in range(100)]
+        assert all(a["successful"] for a in await raw.post(small))
+        after = commits.statistics()
+        assert (after.commits, after.thread_commits) == (before.commits + 1, before.thread_commits)
+        large = [{"channel": "/chat/s", "data": "x" * 8192, "clientId": raw.client_id} for _ in range(20)]
+        assert all(a["successful"] for a in await raw.post(large))
+        last = commits.statistics()
+        assert (last.commits, last.thread_commits) == (after.commits + 1, after.thread_commits + 1)
+
+
 async def test_every_path_takes_posts_and_chunked_bodies_and_websocket_is_refused(server: Running) -> None:
     async with raw_client(server.http_api_port) as raw:
         await raw.handshake()
