@@ -22,6 +22,7 @@ from collections import deque
 from typing import Any, Final
 
 import attrs
+import orjson
 
 from streaming.bayeux import channels
 
@@ -130,7 +131,7 @@ def parse_body(body: bytes) -> list[Any]:
     double holds (`1e999`): once parsed, it could only be written back as one of them."""
     try:
         value = json.loads(body, parse_constant=_no_constants, parse_float=_finite)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
         raise BadBody(f"the body is not JSON: {exc}") from None
     if isinstance(value, dict):
         return [value]
@@ -247,9 +248,14 @@ def json_bytes(value: Any) -> bytes:
     surrogate pair (JSON allows `"\\ud800"`, JavaScript strings hold them, UTF-8 cannot) is written
     as JSON's escape instead, so the value reaches the other side unchanged."""
     try:
-        return _compact.encode(value).encode()
-    except UnicodeEncodeError:
-        return _compact_ascii.encode(value).encode()
+        # orjson writes what the standard library writes (exponents aside: 1e-7, not 1e-07) in a
+        # twentieth of the time; this is a tenth of a Bayeux publish's cost (bench/README.md).
+        return orjson.dumps(value)
+    except TypeError:  # surrogate halves, integers beyond 64 bits: the standard library writes both
+        try:
+            return _compact.encode(value).encode()
+        except UnicodeEncodeError:
+            return _compact_ascii.encode(value).encode()
 
 
 def _no_constants(name: str) -> Any:
@@ -272,14 +278,22 @@ DATA_CONTENT_TYPE = "application/json"  # stored with what Bayeux clients publis
 def data_json(raw: bytes) -> tuple[bytes, str]:
     """Stored bytes as the JSON text of a Bayeux `data` value, and how they were read: "json" (what
     Bayeux clients store: the bytes themselves, not parsed and written again), "text" (UTF-8 that is
-    not JSON, from a STAN client: a JSON string) or "base64" (any other bytes: a base64 string)."""
+    not JSON, from a STAN client: a JSON string) or "base64" (any other bytes: a base64 string).
+    JSON nested deeper than a parser's limit (about a thousand levels) is "text". Never raises: a
+    delivery runs inside a commit that is already stored."""
+    try:
+        orjson.loads(raw)  # what Bayeux clients store passes here, at a third of the cost
+    except orjson.JSONDecodeError:
+        pass  # not valid as orjson reads JSON: surrogate halves and deep nesting, or not JSON at all
+    else:
+        return raw, "json"
     try:
         text = raw.decode()
     except UnicodeDecodeError:
         return b'"' + base64.b64encode(raw) + b'"', "base64"
     try:
         _strict.decode(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return json.dumps(text, ensure_ascii=False).encode(), "text"
     return raw, "json"
 

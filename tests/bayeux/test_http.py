@@ -14,6 +14,7 @@ import trio
 
 from streaming.bayeux import channels
 from streaming.bayeux import protocol as bx
+from streaming.client import connect
 from streaming.core.outbound import Publish
 from streaming.running import Running
 from tests.bayeux.harness import MAX_INTERVAL_S, TIMEOUT_S, bayeux_config, raw_client
@@ -350,6 +351,29 @@ async def test_a_message_that_is_not_json_reaches_bayeux_as_text_or_base64(serve
             ("plain words", "text"),
             ("/wBiaW5hcnk=", "base64"),
         ]
+
+
+async def test_json_nested_past_the_parsers_limit_reaches_bayeux_as_text_and_its_publisher_is_acked(
+    server: Running,
+) -> None:
+    """A STAN publisher's bytes are checked as JSON when they are delivered, inside a commit that is
+    already stored: a check that raised there refused the stored publish and broke the batch."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    async with raw_client(server.http_api_port) as sub, connect("test-cluster", "deep", port=server.port) as pub:
+        await sub.handshake()
+        await sub.connect(0, now=True)
+        await sub.subscribe("/raw/deep")
+        await pub.publish("raw.deep", deep)
+        await pub.publish("raw.deep", b'{"after":1}')
+        deliveries, _ = await sub.connect(1)
+        assert [(d["data"], d["ext"].get("encoding")) for d in deliveries] == [
+            (deep.decode(), "text"),
+            ({"after": 1}, None),
+        ]
+        # As a body, the same nesting is refused as not JSON, and the session is unharmed.
+        response = await sub.http.post("/cometd", content=deep, headers={"content-type": "application/json"})
+        assert response.status_code == 400 and "not JSON" in response.json()[0]["error"]
+        assert (await sub.publish("/raw/deep", "still fine"))["successful"]
 
 
 async def test_a_publish_is_answered_only_after_it_is_stored(tmp_path: Path) -> None:

@@ -55,8 +55,10 @@ def test_any_body_is_messages_or_a_clear_error(body: bytes) -> None:
         assert isinstance(messages, list) and messages
 
 
-def test_numbers_and_constants_that_are_not_json_are_refused_with_the_body() -> None:
-    for body in (b'{"channel":"/a","data":NaN}', b"[Infinity]", b"[-Infinity]", b"[1e999]", b'{"data":[-2E400]}'):
+def test_numbers_constants_and_nesting_that_are_not_json_to_us_are_refused_with_the_body() -> None:
+    nested = b"[" * 100_000 + b"]" * 100_000
+    bodies = (b'{"channel":"/a","data":NaN}', b"[Infinity]", b"[-Infinity]", b"[1e999]", b'{"data":[-2E400]}', nested)
+    for body in bodies:
         with pytest.raises(bx.BadBody, match="not JSON"):
             bx.parse_body(body)
     assert bx.parse_body(b'[{"data":[1e308,-2.5e-300,0.1]}]') == [{"data": [1e308, -2.5e-300, 0.1]}]
@@ -127,7 +129,14 @@ def test_any_json_message_is_checked_without_raising(message: Any) -> None:
     bx.session_unknown(message)
 
 
-@given(st.one_of(st.binary(max_size=50), json_values.map(bx.encode_data), st.sampled_from([b"NaN", b"[Infinity]"])))
+# Nesting within every parser's limit, and past them all (JSON.parse takes thousands of levels; the
+# standard library's check here and orjson's, about a thousand).
+deep = (st.integers(1, 500) | st.integers(2000, 5000)).map(lambda n: b"[" * n + b"]" * n)
+
+
+@given(
+    st.one_of(st.binary(max_size=50), json_values.map(bx.encode_data), st.sampled_from([b"NaN", b"[Infinity]"]), deep)
+)
 def test_stored_bytes_always_reach_bayeux_as_valid_json(raw: bytes) -> None:
     encoded = bx.delivery(b'"/a"', "1x2", 2, 5, raw)
     message = json.loads(encoded, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
