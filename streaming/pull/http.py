@@ -326,7 +326,7 @@ async def _form(request: Request) -> dict[str, str]:
     if request.headers.get("content-type", "").startswith("application/json"):
         try:
             value = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             raise pp.BadParameter("body", "not JSON") from None
         if not isinstance(value, dict):
             raise pp.BadParameter("body", "expected a JSON object")

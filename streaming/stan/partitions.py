@@ -172,7 +172,7 @@ def decode_client(payload: bytes) -> ClientRecord | None:
             int(data["ping_interval"]),
             int(data["ping_max_out"]),
         )
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return None
 
 
@@ -191,7 +191,7 @@ class Claim:
         try:
             data = json.loads(payload)
             return cls(str(data["server"]), str(data["token"]), float(data["started"]), tuple(data["channels"]))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             return None
 
     def newer_than(self, other: Claim) -> bool:

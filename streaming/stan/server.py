@@ -443,7 +443,7 @@ class StanServer:
             question = json.loads(payload)
             conn_id = bytes.fromhex(str(question.get("conn_id", "")))
             client_id = str(question.get("client_id", ""))
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             return
         client = self.clients.by_conn_id.get(conn_id) if conn_id else self.clients.get(client_id)
         if client is not None and reply:

@@ -155,7 +155,7 @@ def _size(raw: bytes) -> int:
 def _json(raw: bytes) -> dict[str, Any]:
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         raise RemoteProtocolError(UNKNOWN_OP) from None
     if not isinstance(value, dict):
         raise RemoteProtocolError(UNKNOWN_OP)

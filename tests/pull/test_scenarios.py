@@ -317,6 +317,9 @@ async def test_bad_input_gets_a_clear_answer(http: httpx.AsyncClient, server: Ru
             "/channels/x/pull-consumers", content=params, headers={"content-type": "application/x-www-form-urlencoded"}
         )
         assert bad.status_code == 400 and bad.json()["parameter"] == name, bad.text
+    for body in (b"{not json", b"[1]", b"[" * 5000 + b"]" * 5000):  # the last nested past the parser
+        bad = await http.post("/channels/x/pull-consumers", content=body, headers={"content-type": "application/json"})
+        assert bad.status_code == 400 and bad.json()["parameter"] == "body", bad.text
     too_big = await http.post("/channels/x/messages", content=b"x" * (2 * 1024 * 1024))
     assert too_big.status_code == 413
     wrong = await http.get("/channels/x/messages")

@@ -128,6 +128,7 @@ def test_server_lines_parse_on_the_client_side() -> None:
         (b"SUB\r\n", p.UNKNOWN_OP),
         (b"CONNECT {not json\r\n", p.UNKNOWN_OP),
         (b"CONNECT [1]\r\n", p.UNKNOWN_OP),
+        (b"CONNECT " + b"[" * 2000 + b"]" * 2000 + b"\r\n", p.UNKNOWN_OP),  # deeper than the parser goes
         (b"PUB foo 2000000\r\n", p.MAX_PAYLOAD_VIOLATION),
         (b"PUB " + b"x" * 5000 + b" 1\r\n", p.MAX_CONTROL_EXCEEDED),
         (b"PUB " + b"x" * 5000, p.MAX_CONTROL_EXCEEDED),  # no line end yet, already too long
