@@ -85,10 +85,11 @@ class _Live:
 class _Commits:
     """The publishes of one request: done when the last is committed; `errors` by index in the answer."""
 
-    __slots__ = ("done", "errors", "messages", "remaining")
+    __slots__ = ("done", "errors", "key", "messages", "remaining")
 
     def __init__(self) -> None:
         self.done = trio.Event()
+        self.key = ""  # the ack address its publishes carry (a new one each time `remaining` was 0)
         self.remaining = 0
         self.errors: dict[int, Exception] = {}
         self.messages: dict[int, dict[str, Any]] = {}  # by index in the answer
@@ -141,6 +142,7 @@ class BayeuxDoor:
         await self.core.ready.wait()
         out: list[dict[str, Any] | bytes] = []
         commits: _Commits | None = None
+        staged: list[Publish] = []  # publishes not yet handed over: one run each time, before any await
         alone = len(messages) == 1
         touched: _Live | None = None  # a request's messages keep their session alive once, not each
         for message in messages:
@@ -149,6 +151,8 @@ class BayeuxDoor:
                 out.append(bad)
                 continue
             channel: str = message["channel"]
+            if staged and (channel.startswith("/meta/") or channel == "/meta"):
+                await self._submit(staged)
             if channel == "/meta/handshake":
                 out.append(self._handshake(message, alone))
                 continue
@@ -175,7 +179,9 @@ class BayeuxDoor:
             else:
                 if commits is None:
                     commits = _Commits()
-                out.append(await self._publish(message, commits, len(out), permissions))
+                out.append(self._stage(message, commits, len(out), permissions, staged))
+        if staged:
+            await self._submit(staged)
         if commits is not None and commits.remaining:
             await commits.done.wait()
             for index, error in commits.errors.items():
@@ -316,10 +322,16 @@ class BayeuxDoor:
             self.core.pipeline.unsubscribe(sub_id)
         return bx.reply(message, successful=True, subscription=message["subscription"])
 
-    async def _publish(
-        self, message: dict[str, Any], commits: _Commits, index: int, permissions: Compiled | None
+    def _stage(
+        self,
+        message: dict[str, Any],
+        commits: _Commits,
+        index: int,
+        permissions: Compiled | None,
+        staged: list[Publish],
     ) -> dict[str, Any] | bytes:
-        """Hand one publish to the group commit; its answer (at `index`) stands once `commits` is done."""
+        """Check one publish and add it to `staged`, for the group commit; its answer (at `index`)
+        stands once `commits` is done."""
         channel: str = message["channel"]
         if channels.is_service(channel):
             return bx.reply(message, successful=True)  # no server-side handlers: not broadcast
@@ -331,17 +343,27 @@ class BayeuxDoor:
         if engine_channel in self.core.pipeline.deleting:
             return bx.error(message, bx.PUBLISH_FAILED)
         if not commits.remaining:
+            # The request's first publish, or the first after its earlier ones were all committed
+            # while it awaited something else (a subscribe): those set `done`, these need it again.
+            if commits.done.is_set():
+                commits.done = trio.Event()
             self._next += 1
-            self._commits[f"{INBOX_PREFIX}p{self._next}"] = commits
-        key = f"{INBOX_PREFIX}p{self._next}"
+            commits.key = f"{INBOX_PREFIX}p{self._next}"
+            self._commits[commits.key] = commits
         commits.remaining += 1
         commits.messages[index] = message
         data = bx.encode_data(message.get("data"))
-        publish = Publish(engine_channel, data, "", str(index), key, self, content_type=bx.DATA_CONTENT_TYPE)
-        pending = self.core.publish(publish)
+        publish = Publish(engine_channel, data, "", str(index), commits.key, self, content_type=bx.DATA_CONTENT_TYPE)
+        staged.append(publish)
+        return bx.published(message)
+
+    async def _submit(self, staged: list[Publish]) -> None:
+        """Hand the staged publishes (one request's, one origin) to the group commit as one run."""
+        run = staged.copy()
+        staged.clear()
+        pending = self.core.publish_many(run, run[0].ack_to)
         if pending is not None:
             await pending  # the commit queue is full: back-pressure, as for a STAN publisher
-        return bx.published(message)
 
     # -- the outbound port ---------------------------------------------------------------------
 

@@ -376,6 +376,46 @@ async def test_json_nested_past_the_parsers_limit_reaches_bayeux_as_text_and_its
         assert (await sub.publish("/raw/deep", "still fine"))["successful"]
 
 
+async def test_publishes_around_a_subscribe_in_one_request_are_all_stored_before_the_answer(
+    server: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The subscribe awaits (a new channel is created on the store thread), which lets the publishes
+    before it be committed; those after it must still be committed before the request is answered."""
+    door = server.bayeux
+    assert door is not None
+    unstored: list[int] = []
+    handle = door.handle
+    submit = door._submit
+    runs: list[list[Publish]] = []
+
+    async def submitting(staged: list[Publish]) -> None:
+        runs.append(staged.copy())
+        await submit(staged)
+
+    async def handling(messages: list[Any], permissions: Any = None) -> list[dict[str, Any] | bytes]:
+        answer = await handle(messages, permissions)
+        unstored.extend(p.seq for run in runs for p in run if not p.seq)
+        runs.clear()
+        return answer
+
+    monkeypatch.setattr(door, "_submit", submitting)
+    monkeypatch.setattr(door, "handle", handling)
+    async with raw_client(server.http_api_port) as raw:
+        await raw.handshake()
+        cid = raw.client_id
+        await raw.publish("/chat/q", "first")
+        for i in range(20):  # the order of Trio's ready tasks varies: a wrong answer showed in half
+            answers = await raw.post(
+                [
+                    {"channel": "/chat/q", "data": f"a{i}", "clientId": cid},
+                    {"channel": "/meta/subscribe", "subscription": f"/fresh/n{i}", "clientId": cid},
+                    {"channel": "/chat/q", "data": f"b{i}", "clientId": cid},
+                ]
+            )
+            assert all(a["successful"] for a in answers), answers
+        assert unstored == []
+
+
 async def test_a_publish_is_answered_only_after_it_is_stored(tmp_path: Path) -> None:
     directory = tmp_path / "data"
     async with running(bayeux_config(directory)) as srv, raw_client(srv.http_api_port) as raw:
