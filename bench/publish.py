@@ -55,7 +55,7 @@ from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
 from bench.load import jetstream_publish, publish_pipelined, redis_xadd, sequential_rate  # noqa: E402
-from bench.node_clients import NODE_SYSTEMS, run_node  # noqa: E402
+from bench.node_clients import run_node  # noqa: E402
 from bench.peers import SYSTEMS  # noqa: E402
 from bench.report import arguments, bar_plot, machine, print_report, progress  # noqa: E402
 from streaming.client import connect  # noqa: E402
@@ -242,26 +242,30 @@ def main() -> None:
 def _node_cases(result: dict[str, Any], rows: list[tuple[str, str, str]], quick: bool) -> None:
     """Node clients on both sides, 128 B: pipelined against JetStream's default, and one at a time
     against JetStream with an fsync per write."""
-    count = 50_000 if quick else 200_000
-    for system in NODE_SYSTEMS:
-        rate, cpu_us = run_node(system, "publish", count, 1, False, count)
-        result[f"node_{system}_async_128_msgs_per_s"] = round(rate)
-        result[f"node_{system}_async_128_server_us_per_msg"] = round(cpu_us, 2)
-    mine, theirs = result["node_ours_async_128_msgs_per_s"], result["node_jetstream_async_128_msgs_per_s"]
-    ratio = result["node_ratio_async_vs_jetstream"] = round(mine / theirs, 3)
-    mine_us = result["node_ours_async_128_server_us_per_msg"]
-    rows.append(("node clients, async 128 B: ours", f"{mine:,} ({mine_us} µs server CPU each)", "<= 6 µs"))
-    rows.append(("node clients, async 128 B: jetstream (ours / it)", f"{theirs:,} ({ratio:.2f})", ">= 3"))
-    count = 2_000 if quick else 10_000
-    for system in ("ours", "jetstream_sync"):
-        rate, cpu_us = run_node(system, "sequential", count, 1, False, count)
-        result[f"node_{system}_sync_128_msgs_per_s"] = round(rate)
-        result[f"node_{system}_sync_128_server_us_per_msg"] = round(cpu_us, 1)
-    mine, theirs = result["node_ours_sync_128_msgs_per_s"], result["node_jetstream_sync_sync_128_msgs_per_s"]
-    ratio = result["node_ratio_sync_vs_jetstream_sync"] = round(mine / theirs, 3)
-    mine_us = result["node_ours_sync_128_server_us_per_msg"]
-    rows.append(("node clients, sync 128 B: ours", f"{mine:,} ({mine_us} µs server CPU each)", ""))
-    rows.append(("node clients, sync 128 B: jetstream_sync (ours / it)", f"{theirs:,} ({ratio:.2f})", ""))
+    _node_pair(result, rows, "publish", "jetstream", 50_000 if quick else 200_000, ("<= 6 µs", ">= 3"))
+    _node_pair(result, rows, "sequential", "jetstream_sync", 2_000 if quick else 10_000, ("", ""))
+
+
+def _node_pair(
+    result: dict[str, Any],
+    rows: list[tuple[str, str, str]],
+    workload: str,
+    peer: str,
+    count: int,
+    targets: tuple[str, str],
+) -> None:
+    """One Node workload against ours and `peer`: rates, server CPU per message and the ratio, under
+    `node_<system>_<mode>_128_...` and `node_ratio_<mode>_vs_<peer>` (mode: async or sync)."""
+    mode = "async" if workload == "publish" else "sync"
+    for system in ("ours", peer):
+        rate, cpu_us = run_node(system, workload, count, 1, False, count)
+        result[f"node_{system}_{mode}_128_msgs_per_s"] = round(rate)
+        result[f"node_{system}_{mode}_128_server_us_per_msg"] = round(cpu_us, 2)
+    mine, theirs = result[f"node_ours_{mode}_128_msgs_per_s"], result[f"node_{peer}_{mode}_128_msgs_per_s"]
+    ratio = result[f"node_ratio_{mode}_vs_{peer}"] = round(mine / theirs, 3)
+    mine_us = result[f"node_ours_{mode}_128_server_us_per_msg"]
+    rows.append((f"node clients, {mode} 128 B: ours", f"{mine:,} ({mine_us} µs server CPU each)", targets[0]))
+    rows.append((f"node clients, {mode} 128 B: {peer} (ours / it)", f"{theirs:,} ({ratio:.2f})", targets[1]))
 
 
 def _python_cases(

@@ -99,6 +99,13 @@ class Raw:
         assert all(d["channel"] != "/meta/connect" for d in deliveries)
         return deliveries, reply
 
+    async def subscriber(self, channel: str) -> Message:
+        """A new session subscribed to `channel`: handshake (with acks), the first connect (answered at
+        once: batch 1) and the subscribe, whose reply it returns."""
+        await self.handshake()
+        await self.connect(0, now=True)
+        return await self.subscribe(channel)
+
     async def subscribe(self, channel: str) -> Message:
         message = {"id": self.next_id(), "channel": "/meta/subscribe", "subscription": channel}
         (reply,) = await self.post([{**message, "clientId": self.client_id}])

@@ -54,9 +54,7 @@ async def test_first_connect_is_answered_at_once_then_connects_are_held_for_the_
 
 async def test_a_lower_ack_with_several_batches_out_resends_them_first_under_a_new_batch(server: Running) -> None:
     async with raw_client(server.http_api_port) as sub, raw_client(server.http_api_port) as pub:
-        await sub.handshake()
-        await sub.connect(0, now=True)  # batch 1
-        assert (await sub.subscribe("/chat/a"))["successful"]
+        assert (await sub.subscriber("/chat/a"))["successful"]
         await pub.handshake()
         assert (await pub.publish("/chat/a", {"b": 2}))["successful"]
         deliveries, reply = await sub.connect(1)
@@ -83,9 +81,7 @@ async def test_a_lower_ack_with_several_batches_out_resends_them_first_under_a_n
 
 async def test_an_ack_past_the_last_batch_removes_only_what_was_sent(server: Running) -> None:
     async with raw_client(server.http_api_port) as sub, raw_client(server.http_api_port) as pub:
-        await sub.handshake()
-        await sub.connect(0, now=True)
-        await sub.subscribe("/chat/b")
+        await sub.subscriber("/chat/b")
         await pub.handshake()
         await pub.publish("/chat/b", 1)
         deliveries, reply = await sub.connect(1)
@@ -102,9 +98,7 @@ async def test_a_second_connect_supersedes_the_held_one(server: Running) -> None
         raw_client(server.http_api_port) as other,
         raw_client(server.http_api_port) as pub,
     ):
-        await sub.handshake()
-        await sub.connect(0, now=True)
-        await sub.subscribe("/chat/c")
+        await sub.subscriber("/chat/c")
         await pub.handshake()
         other.client_id = sub.client_id
         async with trio.open_nursery() as nursery:
@@ -136,9 +130,7 @@ async def test_a_second_connect_supersedes_the_held_one(server: Running) -> None
 
 async def test_disconnect_releases_the_held_connect_and_forgets_the_session(server: Running) -> None:
     async with raw_client(server.http_api_port) as raw, raw_client(server.http_api_port) as other:
-        await raw.handshake()
-        await raw.connect(0, now=True)
-        await raw.subscribe("/chat/d")
+        await raw.subscriber("/chat/d")
         other.client_id = raw.client_id
         async with trio.open_nursery() as nursery:
             got: list[tuple[list[dict[str, Any]], dict[str, Any]]] = []
@@ -168,9 +160,7 @@ async def test_a_session_that_stops_connecting_expires_and_its_messages_stay_una
     server: Running,
 ) -> None:
     async with raw_client(server.http_api_port) as sub, raw_client(server.http_api_port) as pub:
-        await sub.handshake()
-        await sub.connect(0, now=True)
-        await sub.subscribe("/chat/e")
+        await sub.subscriber("/chat/e")
         await pub.handshake()
         await pub.publish("/chat/e", "never acked")
         deliveries, _ = await sub.connect(1)
@@ -236,9 +226,7 @@ async def test_errors_are_answered_in_the_json_with_status_200(server: Running) 
 
 async def test_bad_bodies_get_an_http_error_and_others_keep_working(server: Running) -> None:
     async with raw_client(server.http_api_port) as raw, raw_client(server.http_api_port) as good:
-        await good.handshake()
-        await good.connect(0, now=True)
-        await good.subscribe("/chat/y")
+        await good.subscriber("/chat/y")
         bad = [(b"not json", 400), (b'"a string"', 400), (b"[]", 400), (b"{", 400)]
         publish = '{"channel":"/chat/y","clientId":"%s","data":%s}'
         bad += [(("[" + publish % (good.client_id, value) + "]").encode(), 400) for value in ("NaN", "[1e999]")]
@@ -257,9 +245,7 @@ async def test_bad_bodies_get_an_http_error_and_others_keep_working(server: Runn
 async def test_a_lone_surrogate_reaches_subscribers_as_it_was_sent_and_breaks_no_reply(server: Running) -> None:
     """JavaScript strings may hold half of a surrogate pair, which JSON escapes and UTF-8 cannot carry."""
     async with raw_client(server.http_api_port) as raw:
-        await raw.handshake()
-        await raw.connect(0, now=True)
-        await raw.subscribe("/chat/s")
+        await raw.subscriber("/chat/s")
         cid = raw.client_id
         messages = [
             {"id": "1", "channel": "/chat/s", "data": {"s": "\ud800é"}, "clientId": cid},
@@ -339,9 +325,7 @@ async def test_a_session_without_the_extension_gets_its_messages_with_no_batch_n
 
 async def test_a_message_that_is_not_json_reaches_bayeux_as_text_or_base64(server: Running) -> None:
     async with raw_client(server.http_api_port) as sub:
-        await sub.handshake()
-        await sub.connect(0, now=True)
-        await sub.subscribe("/raw/bytes")
+        await sub.subscriber("/raw/bytes")
         core = server.core
         for data in (b"plain words", b"\xff\x00binary"):
             core.publish(Publish("raw.bytes", data, "", "g", "", None))
@@ -360,9 +344,7 @@ async def test_json_nested_past_the_parsers_limit_reaches_bayeux_as_text_and_its
     already stored: a check that raised there refused the stored publish and broke the batch."""
     deep = b"[" * 100_000 + b"]" * 100_000
     async with raw_client(server.http_api_port) as sub, connect("test-cluster", "deep", port=server.port) as pub:
-        await sub.handshake()
-        await sub.connect(0, now=True)
-        await sub.subscribe("/raw/deep")
+        await sub.subscriber("/raw/deep")
         await pub.publish("raw.deep", deep)
         await pub.publish("raw.deep", b'{"after":1}')
         deliveries, _ = await sub.connect(1)
@@ -431,9 +413,7 @@ async def test_a_publish_is_answered_only_after_it_is_stored(tmp_path: Path) -> 
 
 async def test_a_connect_sharing_its_request_is_answered_at_once(server: Running) -> None:
     async with raw_client(server.http_api_port) as raw:
-        await raw.handshake()
-        await raw.connect(0, now=True)
-        await raw.subscribe("/chat/shared")
+        await raw.subscriber("/chat/shared")
         start = trio.current_time()
         publish = {"id": "70", "channel": "/chat/shared", "data": "with it", "clientId": raw.client_id}
         answer = await raw.post([raw.connect_message(1), publish])
