@@ -86,7 +86,7 @@ def test_any_parsed_value_is_stored_as_json_that_reads_back_the_same(value: Any)
 
 
 def test_a_lone_surrogate_is_stored_as_its_escape_and_delivered_as_json() -> None:
-    (message,) = bx.parse_body(b'[{"channel":"/a","data":{"s":"\\ud800x\u00e9"}}]')
+    (message,) = bx.parse_body(b'[{"channel":"/a","data":{"s":"\\ud800x\\u00e9"}}]')
     stored = bx.encode_data(message["data"])
     assert stored == b'{"s":"\\ud800x\\u00e9"}'
     delivered = json.loads(bx.delivery(b'"/a"', "1x1", 1, 0, stored))
