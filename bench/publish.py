@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -147,26 +148,13 @@ def physical_limit(samples: int = 300) -> tuple[float, float]:
             os.close(fd)
     # The echo runs in a process of its own, as a server does: a thread of this one would be woken by
     # the same process, which is not what a publish pays.
-    echo = (
-        "import socket\n"
-        "listener = socket.create_server(('127.0.0.1', 0))\n"
-        "print(listener.getsockname()[1], flush=True)\n"
-        "conn, _ = listener.accept()\n"
-        "conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
-        "while data := conn.recv(64):\n"
-        "    conn.sendall(data)\n"
-    )
-    with subprocess.Popen([sys.executable, "-c", echo], stdout=subprocess.PIPE, text=True) as proc:
-        assert proc.stdout is not None
-        client = socket.create_connection(("127.0.0.1", int(proc.stdout.readline())))
-        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with _floor_client("echo") as client:
         trips: list[float] = []
         for _ in range(samples):
             started = time.perf_counter()
             client.sendall(b"p")
             client.recv(64)
             trips.append(time.perf_counter() - started)
-        client.close()
     return statistics.median(syncs), statistics.median(trips)
 
 
@@ -175,6 +163,26 @@ def floor_rate(kind: str, count: int = 3000) -> float:
     ("blocking" or "trio") to a blocking client: a publish-sized request, a 186-byte append and an
     fdatasync, the request echoed back. The best a server can do (blocking), and on Trio."""
     request = b"x" * _PUB_FRAME
+    with _floor_client(kind) as client:
+
+        def one() -> None:
+            client.sendall(request)
+            left = len(request)
+            while left:
+                left -= len(client.recv(65536))
+
+        for _ in range(300):
+            one()
+        started = time.perf_counter()
+        for _ in range(count):
+            one()
+        return count / (time.perf_counter() - started)
+
+
+@contextmanager
+def _floor_client(kind: str) -> Iterator[socket.socket]:
+    """A blocking client socket (TCP_NODELAY) connected to `bench/floor_server.py` of `kind`, in a
+    process of its own; stopped on exit."""
     with tempfile.TemporaryDirectory(prefix="bench-floor-") as tmp:
         argv = [sys.executable, str(ROOT / "bench" / "floor_server.py"), tmp, kind]
         with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:
@@ -182,19 +190,7 @@ def floor_rate(kind: str, count: int = 3000) -> float:
             try:
                 with socket.create_connection(("127.0.0.1", int(proc.stdout.readline()))) as client:
                     client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-                    def one() -> None:
-                        client.sendall(request)
-                        left = len(request)
-                        while left:
-                            left -= len(client.recv(65536))
-
-                    for _ in range(300):
-                        one()
-                    started = time.perf_counter()
-                    for _ in range(count):
-                        one()
-                    return count / (time.perf_counter() - started)
+                    yield client
             finally:
                 proc.kill()
 

@@ -129,7 +129,8 @@ class GroupCommit:
         if (
             more_input  # a stream of publishes: the task's batches grow, and large ones overlap parsing
             or self._busy
-            or (len(queue) > self._max_batch if not self._in_thread else not self._small(queue))
+            or len(queue) > self._max_batch
+            or not self._on_loop(queue)
             or trio.current_time() - self._shared_at < _SHARED_WINDOW_S
             or not self._pipeline.channels_exist(queue)
         ):
@@ -238,7 +239,7 @@ class GroupCommit:
         for name in missing:
             await call_store(partial(pipeline.create_channel, name, refused), in_thread=self._in_thread)
         accepted = pipeline.accepted(batch, refused)
-        if not self._in_thread or self._small(accepted):
+        if self._on_loop(accepted):
             # A small batch means a lightly loaded server whose publishers wait on this commit: the
             # hop to a worker thread and back would cost them more than holding the loop for the
             # fsync. (Channels were created above, so this does not await.)
@@ -255,9 +256,12 @@ class GroupCommit:
         with pipeline.outbound.holding():
             pipeline.finish(batch, accepted, refused, outcome, started)
 
-    def _small(self, batch: list[Publish]) -> bool:
-        """Small enough to commit on the event loop: the hop to the store thread and back (~0.1 ms of
-        CPU) would cost more than the loop is held (see bench/README.md, *Figures behind choices*)."""
+    def _on_loop(self, batch: list[Publish]) -> bool:
+        """Whether to append `batch` on the event loop: always without a store thread; with one, when
+        the batch is small enough that the hop to the thread and back (~0.1 ms of CPU) would cost more
+        than the loop is held (see bench/README.md, *Figures behind choices*)."""
+        if not self._in_thread:
+            return True
         return len(batch) <= self._inline_batch and sum(len(p.data) for p in batch) <= self._inline_bytes
 
     def _done(self, batch: list[Publish]) -> None:
