@@ -334,11 +334,12 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
 
 
 async def _run_server(config: ServerConfig) -> None:
-    from streaming.server import serve
+    from streaming.server import serve, tune_gc
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             running = await nursery.start(serve, config)
+            tune_gc()  # recovered: what exists now is frozen out of the collector's scans
             where = f"in {config.dir}" if config.store == "lmdb" else "in memory (nothing survives a restart)"
             log.info("store: %s %s", config.store, where)
             if not running.store.synced:

@@ -264,7 +264,7 @@ class _StateCollector(Collector):
         server.add_metric([running.server_name, stan.config.cluster_id, broker.url, owned], 1)
         yield server
 
-        views = running.core.engine.views() if running.core.ready.is_set() else []
+        views = running.api.views()
         subs = GaugeMetricFamily(f"{PREFIX}_subscriptions", "Subscriptions", labels=["state"])
         online = sum(1 for v in views if v.online)
         subs.add_metric(["online"], online)
@@ -322,7 +322,7 @@ class _StateCollector(Collector):
         writable = GaugeMetricFamily(
             f"{PREFIX}_store_writable", "1 while the store takes writes, 0 while it refuses them (a full disk)"
         )
-        writable.add_metric([], 0 if running.core.store_write_error() is not None else 1)
+        writable.add_metric([], 0 if running.api.store_write_error() is not None else 1)
         yield writable
         damaged = GaugeMetricFamily(
             f"{PREFIX}_store_damaged_messages", "Stored messages found failing their checksum when read (skipped)"

@@ -140,8 +140,7 @@ class Monitor:
         return bus.auth.required or not isinstance(bus, Broker)
 
     def _views(self) -> list[SubscriptionView]:
-        core = self.running.core
-        return core.engine.views() if core.ready.is_set() else []
+        return self.running.api.views()
 
     async def index(self, request: Request) -> Response:
         return JSONResponse(
@@ -191,7 +190,7 @@ class Monitor:
         limits = store.limits
         channels = store.channels()
         stats = store.statistics()
-        error = self.running.core.store_write_error()
+        error = self.running.api.store_write_error()
         return JSONResponse(
             {
                 **self._head(),

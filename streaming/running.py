@@ -6,6 +6,7 @@ import attrs
 
 from storage import Store
 from streaming.bayeux.door import BayeuxDoor
+from streaming.core.door_api import DoorApi
 from streaming.core.service import Core
 from streaming.event_log import EventLog
 from streaming.pull.door import PullDoor
@@ -22,6 +23,7 @@ class Running:
     port: int  # the embedded broker's (0 with an external NATS cluster)
     bus: Bus  # the embedded broker, or the link to an external NATS cluster
     core: Core
+    api: DoorApi  # what the front doors use of the core
     stan: StanServer
     store: Store
     http_port: int = 0  # the monitoring port, when one is served

@@ -1,7 +1,8 @@
 """The Bayeux front door: Bayeux requests become engine calls, engine deliveries become session queues.
 
 It is an adapter on the delivery core like the STAN door:
-- a Bayeux publish is a `Publish` handed to the core's group commit; its reply waits for the commit;
+- a Bayeux publish is a `Publish` handed to the core's group commit; its reply waits for the commit
+  (a `Ticket` per run of a request's publishes);
 - a `/meta/subscribe` opens a non-durable engine subscription (new messages only) for the session's
   engine client (`bayeux:<a public id>`: a name no STAN client can register; the clientId itself,
   the session's credential, is shown nowhere). Its AckWait is longer
@@ -27,13 +28,11 @@ from typing import Any
 import attrs
 import trio
 
-from storage import StoreError
 from streaming.bayeux import channels
 from streaming.bayeux import protocol as bx
-from streaming.core.engine import Delivery, SubscribeRequest
-from streaming.core.errors import RequestError
-from streaming.core.outbound import Publish
-from streaming.core.service import Core
+from streaming.core.door_api import DoorApi, Ticket
+from streaming.core.errors import ChannelBeingDeleted, NotPermitted, RequestError, StoreError
+from streaming.core.outbound import Delivery, Publish, SubscribeRequest
 from streaming.permissions import Compiled
 
 log = logging.getLogger(__name__)
@@ -82,30 +81,26 @@ class _Live:
         self.hold: _Hold | None = None
 
 
-class _Commits:
-    """The publishes of one request: done when the last is committed; `errors` by index in the answer."""
+class _Staged:
+    """A request's publishes not yet handed to the core, and the messages they answer."""
 
-    __slots__ = ("done", "errors", "key", "messages", "remaining")
+    __slots__ = ("answers", "publishes")
 
     def __init__(self) -> None:
-        self.done = trio.Event()
-        self.key = ""  # the ack address its publishes carry (a new one each time `remaining` was 0)
-        self.remaining = 0
-        self.errors: dict[int, Exception] = {}
-        self.messages: dict[int, dict[str, Any]] = {}  # by index in the answer
+        self.publishes: list[Publish] = []
+        self.answers: list[tuple[int, dict[str, Any]]] = []  # (index in the request's answer, message)
 
 
 class BayeuxDoor:
-    def __init__(self, core: Core, settings: bx.BayeuxSettings) -> None:
+    def __init__(self, core: DoorApi, settings: bx.BayeuxSettings) -> None:
         self.core = core
         self.settings = settings
         self._sessions: dict[str, _Live] = {}
         # engine sub id -> its session, and its Bayeux channel as JSON
         self._by_sub: dict[int, tuple[_Live, bytes]] = {}
-        self._commits: dict[str, _Commits] = {}
         self._next = 0
         self._handshakes = self._expired = self._batches = self._delivered = self._resent = self._published = 0
-        core.doors.add(self, INBOX_PREFIX)
+        core.add_door(self, INBOX_PREFIX)
 
     def statistics(self) -> BayeuxStatistics:
         return BayeuxStatistics(
@@ -139,10 +134,10 @@ class BayeuxDoor:
         """Answer one request's messages, in order: replies, and deliveries already encoded (first in
         a connect's answer). Publishes are answered once the last of them is committed. `permissions`:
         the channels the request's user may publish and subscribe to (None: all)."""
-        await self.core.ready.wait()
+        await self.core.wait_ready()
         out: list[dict[str, Any] | bytes] = []
-        commits: _Commits | None = None
-        staged: list[Publish] = []  # publishes not yet handed over: one run each time, before any await
+        staged = _Staged()  # publishes not yet handed over: one run each time, before any await
+        tickets: list[tuple[Ticket, list[tuple[int, dict[str, Any]]]]] = []
         alone = len(messages) == 1
         touched: _Live | None = None  # a request's messages keep their session alive once, not each
         for message in messages:
@@ -151,8 +146,8 @@ class BayeuxDoor:
                 out.append(bad)
                 continue
             channel: str = message["channel"]
-            if staged and (channel.startswith("/meta/") or channel == "/meta"):
-                await self._submit(staged)
+            if staged.publishes and (channel.startswith("/meta/") or channel == "/meta"):
+                tickets.append(await self._submit(staged))
             if channel == "/meta/handshake":
                 out.append(self._handshake(message, alone))
                 continue
@@ -177,15 +172,15 @@ class BayeuxDoor:
             elif channels.is_meta(channel):
                 out.append(bx.error(message, _META_UNKNOWN))
             else:
-                if commits is None:
-                    commits = _Commits()
-                out.append(self._stage(message, commits, len(out), permissions, staged))
-        if staged:
-            await self._submit(staged)
-        if commits is not None and commits.remaining:
-            await commits.done.wait()
-            for index, error in commits.errors.items():
-                out[index] = bx.error(commits.messages[index], _publish_error(error))
+                out.append(self._stage(message, len(out), permissions, staged))
+        if staged.publishes:
+            tickets.append(await self._submit(staged))
+        for ticket, answers in tickets:
+            for (index, message), outcome in zip(answers, await ticket.outcomes(), strict=True):
+                if isinstance(outcome, Exception):
+                    out[index] = bx.error(message, _publish_error(outcome))
+                else:
+                    self._published += 1
         return out
 
     def _handshake(self, message: dict[str, Any], alone: bool) -> dict[str, Any]:
@@ -195,7 +190,7 @@ class BayeuxDoor:
         if session is not None:
             live = _Live(session)
             self._sessions[session.client_id] = live
-            self.core.pipeline.add_client(live.engine_client)
+            self.core.attach_client(live.engine_client)
             self._handshakes += 1
         return answer
 
@@ -244,12 +239,9 @@ class BayeuxDoor:
         by_sub: dict[int, list[int]] = {}
         for entry in entries:
             by_sub.setdefault(entry.sub_id, []).append(entry.seq)
-        core.span_started()  # one pass and one state write for the request's acks
-        try:
+        with core.span():  # one pass and one state write for the request's acks
             for sub_id, seqs in by_sub.items():
-                core.pipeline.ack_many(sub_id, seqs)
-        finally:
-            core.span_ended(more_input=False)
+                core.ack_many(sub_id, seqs)
 
     def _end(self, live: _Live) -> None:
         """Disconnect or expiry: the session, its subscriptions and its queue go; nothing queued is
@@ -261,13 +253,13 @@ class BayeuxDoor:
             live.hold.disconnected = True
             live.hold.event.set()
             live.hold = None
-        pipeline = self.core.pipeline
+        core = self.core
         for sub_id in session.subscriptions.values():
             self._by_sub.pop(sub_id, None)
-            pipeline.unsubscribe(sub_id)
+            core.unsubscribe(sub_id)
         session.subscriptions.clear()
         session.unacked.clear()
-        pipeline.client_closed(live.engine_client)
+        core.detach_client(live.engine_client)
 
     async def _subscribe(self, live: _Live, message: dict[str, Any], permissions: Compiled | None) -> dict[str, Any]:
         names = bx.subscriptions_of(message)
@@ -277,7 +269,7 @@ class BayeuxDoor:
         for name in names:
             if channels.is_meta(name) or channels.is_service(name) or not channels.mappable(name):
                 return bx.error(message, bx.SUBSCRIBE_FAILED, subscription=subscription)
-            if permissions is not None and not permissions.may_subscribe(channels.to_engine(name)):
+            if isinstance(self.core.refusal(channels.to_engine(name), "subscribe", permissions), NotPermitted):
                 return bx.error(message, bx.SUBSCRIBE_DENIED, subscription=subscription)
         session = live.session
         for name in names:
@@ -303,7 +295,7 @@ class BayeuxDoor:
                     session.subscriptions[name] = sub_id
                     self._by_sub[sub_id] = (live, json.dumps(name, ensure_ascii=False).encode())
 
-                self.core.pipeline.subscribe(request, answer)
+                self.core.subscribe(request, answer)
             except (RequestError, StoreError) as exc:
                 log.info("bayeux subscribe to %s refused: %s", name, exc)
                 return bx.error(message, f"403:{_reason(exc)}:subscribe_failed", subscription=subscription)
@@ -319,51 +311,36 @@ class BayeuxDoor:
         for name in names:
             sub_id = session.subscriptions.pop(name)
             self._by_sub.pop(sub_id, None)
-            self.core.pipeline.unsubscribe(sub_id)
+            self.core.unsubscribe(sub_id)
         return bx.reply(message, successful=True, subscription=message["subscription"])
 
     def _stage(
-        self,
-        message: dict[str, Any],
-        commits: _Commits,
-        index: int,
-        permissions: Compiled | None,
-        staged: list[Publish],
+        self, message: dict[str, Any], index: int, permissions: Compiled | None, staged: _Staged
     ) -> dict[str, Any] | bytes:
         """Check one publish and add it to `staged`, for the group commit; its answer (at `index`)
-        stands once `commits` is done."""
+        stands once it is committed."""
         channel: str = message["channel"]
         if channels.is_service(channel):
             return bx.reply(message, successful=True)  # no server-side handlers: not broadcast
         if not channels.mappable(channel):
             return bx.error(message, bx.CHANNEL_INVALID)
         engine_channel = channels.to_engine(channel)
-        if permissions is not None and not permissions.may_publish(engine_channel):
+        refusal = self.core.refusal(engine_channel, "publish", permissions)
+        if isinstance(refusal, NotPermitted):
             return bx.error(message, bx.PUBLISH_DENIED)
-        if engine_channel in self.core.pipeline.deleting:
+        if isinstance(refusal, ChannelBeingDeleted):
             return bx.error(message, bx.PUBLISH_FAILED)
-        if not commits.remaining:
-            # The request's first publish, or the first after its earlier ones were all committed
-            # while it awaited something else (a subscribe): those set `done`, these need it again.
-            if commits.done.is_set():
-                commits.done = trio.Event()
-            self._next += 1
-            commits.key = f"{INBOX_PREFIX}p{self._next}"
-            self._commits[commits.key] = commits
-        commits.remaining += 1
-        commits.messages[index] = message
         data = bx.encode_data(message.get("data"))
-        publish = Publish(engine_channel, data, "", str(index), commits.key, self, content_type=bx.DATA_CONTENT_TYPE)
-        staged.append(publish)
+        staged.publishes.append(Publish(engine_channel, data, content_type=bx.DATA_CONTENT_TYPE))
+        staged.answers.append((index, message))
         return bx.published(message)
 
-    async def _submit(self, staged: list[Publish]) -> None:
-        """Hand the staged publishes (one request's, one origin) to the group commit as one run."""
-        run = staged.copy()
-        staged.clear()
-        pending = self.core.publish_many(run, run[0].ack_to)
-        if pending is not None:
-            await pending  # the commit queue is full: back-pressure, as for a STAN publisher
+    async def _submit(self, staged: _Staged) -> tuple[Ticket, list[tuple[int, dict[str, Any]]]]:
+        """Hand the staged publishes (one request's) to the group commit as one run; waits while the
+        commit queue is full (back-pressure, as for a STAN publisher)."""
+        publishes, answers = staged.publishes, staged.answers
+        staged.publishes, staged.answers = [], []
+        return await self.core.submit(publishes), answers
 
     # -- the outbound port ---------------------------------------------------------------------
 
@@ -385,21 +362,6 @@ class BayeuxDoor:
             if live.hold is not None:
                 live.hold.event.set()
                 live.hold = None
-
-    def published(self, publishes: Sequence[Publish], errors: dict[int, Exception]) -> None:
-        for p in publishes:
-            commits = self._commits.get(p.ack_to)
-            if commits is None:
-                continue
-            error = errors.get(id(p)) if errors else None
-            if error is None:
-                self._published += 1
-            else:
-                commits.errors[int(p.guid)] = error
-            commits.remaining -= 1
-            if not commits.remaining:
-                del self._commits[p.ack_to]
-                commits.done.set()
 
     def holding(self) -> AbstractContextManager[None]:
         return nullcontext()

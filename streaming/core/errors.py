@@ -9,11 +9,38 @@ from __future__ import annotations
 from typing import Final
 
 from storage.base import MAX_NAME_BYTES
-from storage.errors import StoreError, StoreFullError, StoreWriteError
+from storage.errors import ChannelError, StoreError, StoreFullError, StoreWriteError
+
+__all__ = [
+    "ChannelBeingDeleted",
+    "ChannelError",
+    "NotPermitted",
+    "RequestError",
+    "StoreError",
+    "StoreFullError",
+    "not_permitted",
+    "store_error",
+]
 
 
 class RequestError(Exception):
     """A request that cannot be honoured (the client's fault, not ours); str() is the client's text."""
+
+
+class ChannelBeingDeleted(RequestError):
+    """A publish to, or a subscription on, a channel the server is deleting (its MaxInactivity)."""
+
+    def __init__(self) -> None:
+        super().__init__(CHANNEL_BEING_DELETED)
+
+
+class NotPermitted(RequestError):
+    """The user's permissions do not allow this `action` ("publish" or "subscribe") on `channel`."""
+
+    def __init__(self, action: str, channel: str) -> None:
+        super().__init__(not_permitted(action, channel))
+        self.action = action
+        self.channel = channel
 
 
 # Connecting and closing.

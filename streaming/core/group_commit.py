@@ -1,42 +1,44 @@
 """Publish group commit under Trio: every publish accepted from any front door while the store is busy
-goes into the next single commit of the pipeline (`streaming.core.pipeline`: one `Store.append`, one
-journal record, fsynced unless `file_sync` is off; then deliveries, then every publisher's
-acknowledgement, in arrival order, as the reference server does).
+goes into the next single commit of the pipeline (`Pipeline.commit`: one `Store.append`, one journal
+record, fsynced unless `file_sync` is off; then deliveries, then every publisher's acknowledgement,
+in arrival order, as the reference server does).
 
-A lone publish is committed at once (a batch of one), so sequential publishers are not delayed; under
-load the batch grows by itself while the previous commit runs. Small batches (up to `inline_batch`
-messages and `inline_bytes` of payload) are committed on the event loop; larger ones with the append on
-the store thread, so that parsing overlaps it and the loop is never held long. Accepted publishes
-beyond `high_water` make the publishing connections wait (TCP back-pressure), so memory stays bounded.
+It decides only *when* a batch is committed and *on which thread* its store calls run; the sequence
+itself is the pipeline's (`Pipeline.commit_steps`), driven here step by step (`_drive`) or, at the end
+of an input span, inline (`Pipeline.commit`).
 
-When only one connection has been publishing lately and its input span is over with no more input
-waiting, the span's end commits its publishes there and then (`after_span`), inside the doors' write
-hold, so the deliveries and acknowledgements are written before the reader yields (the hop to the
-commit task costs about a twentieth of a publish's round trip). Otherwise the task commits:
-- several connections publishing: the task runs after every reader Trio woke in the same batch, so
-  their publishes share one commit (Trio's statistics cannot tell a reader that those readers are
-  about to run: they are not on the run queue);
-- a stream on one connection (a full read, or events left to parse): the task's batch grows while
+When: a lone publish is committed at once (a batch of one), so sequential publishers are not delayed;
+under load the batch grows by itself while the previous commit runs. When only one publisher has been
+publishing lately and its input span is over with no more input waiting, the span's end commits its
+publishes there and then (`after_span`), inside the doors' write hold, so the deliveries and
+acknowledgements are written before the reader yields (the hop to the commit task costs about a
+twentieth of a publish's round trip). Otherwise the task commits:
+- several publishers: the task runs after every reader Trio woke in the same batch, so their
+  publishes share one commit (Trio's statistics cannot tell a reader that those readers are about to
+  run: they are not on the run queue);
+- a stream from one publisher (a full read, or events left to parse): the task's batch grows while
   the reader reads on, and a large one goes to the store thread, overlapping the parsing.
+
+Where: small appends (up to `inline_batch` messages and `inline_bytes` of payload) run on the event
+loop, where they cost less than the hop to the store thread and back; larger ones, and channel
+creation, on the store thread. Accepted publishes beyond `high_water` make the publishing connections
+wait (TCP back-pressure), so memory stays bounded.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
-import time
 from collections.abc import Sequence
-from functools import partial
 
 import attrs
 import trio
 
-from storage import AppendResult, StoreError
-from streaming.core.outbound import Publish
-from streaming.core.pipeline import Pipeline
-from streaming.core.store_calls import call_store
+from streaming.core.outbound import Outcome, Publish
+from streaming.core.pipeline import CommitSteps, Pipeline, StoreStep
 
 log = logging.getLogger(__name__)
-_SHARED_WINDOW_S = 0.01  # publishes from two origins this close together: commit in the task
+_SHARED_WINDOW_S = 0.01  # publishes from two sources this close together: commit in the task
 
 
 @attrs.frozen
@@ -49,17 +51,57 @@ class GroupCommitStatistics:
     thread_commits: int  # commits whose append ran on the store thread (batches too large to hold the loop)
 
 
-class _Outcomes:
-    """The origin of the server's own publishes (dead letters): keeps each one's error, if any."""
+class Ticket:
+    """The outcomes of a run of publishes handed in together: the origin the core tells (in their
+    order, perhaps over several commits), and what their publisher awaits."""
+
+    __slots__ = ("_done", "_expected", "_outcomes")
+
+    def __init__(self, expected: int) -> None:
+        self._expected = expected
+        self._outcomes: list[Outcome] = []
+        self._done = trio.Event()
+        if not expected:
+            self._done.set()
+
+    def published(self, publishes: Sequence[Publish], outcomes: Sequence[Outcome]) -> None:
+        self._outcomes += outcomes
+        if len(self._outcomes) >= self._expected:
+            self._done.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    async def outcomes(self) -> list[Outcome]:
+        """Once every publish is done: for each, in order, its sequence or why it was refused."""
+        await self._done.wait()
+        return self._outcomes
+
+
+class _Task(enum.Enum):
+    STOPPED = "stopped"  # no commit task (not started yet, or shutting down): commits run on the caller
+    IDLE = "idle"
+    COMMITTING = "committing"  # inside a commit that may await: nothing may be committed past it
+
+
+class _Sources:
+    """Who published lately: the span's end commits inline only for a lone publisher."""
+
+    __slots__ = ("_last", "_shared_at")
 
     def __init__(self) -> None:
-        self.errors: dict[int, Exception] = {}
+        self._last: object = None  # the latest publish's source (one per publisher connection or request)
+        self._shared_at = -_SHARED_WINDOW_S  # when the latest publish came from another source
 
-    def published(self, publishes: Sequence[Publish], errors: dict[int, Exception]) -> None:
-        for p in publishes:
-            error = errors.get(id(p))
-            if error is not None:
-                self.errors[id(p)] = error
+    def saw(self, source: object, now: float) -> None:
+        if source != self._last:
+            if self._last is not None:
+                self._shared_at = now
+            self._last = source
+
+    def shared(self, now: float) -> bool:
+        return now - self._shared_at < _SHARED_WINDOW_S
 
 
 class GroupCommit:
@@ -86,29 +128,25 @@ class GroupCommit:
         self._committed = 0  # publishes done (acked or refused), counting from the first
         self._submitted = 0
         self._progress = trio.Event()
-        self._paused = False
-        self._busy = False  # the task is inside a commit (it may await): nothing may commit past it
-        self._running = False
+        self._task = _Task.STOPPED
+        self._held = False  # commits wait (recovery); publishes are still accepted and queued
         self._in_span = False  # a front door is handling input: its span's end commits or wakes the task
-        self._last_origin: str | None = None  # ack address (one per connection) of the latest publish
-        self._shared_at = -_SHARED_WINDOW_S  # when the latest publish came from another origin
+        self._sources = _Sources()
         self.inline_commits = 0
         self.thread_commits = 0
 
-    def submit(self, publish: Publish) -> bool:
+    def submit(self, publish: Publish, source: object) -> bool:
         """Queue a publish; committed at the end of the current input span, or by the task. False when
-        the queue is past its high water: wait for `wait_room` before accepting more."""
-        return self.submit_many([publish], publish.ack_to)
+        the queue is past its high water: wait for `wait_room` before accepting more. `source`: who
+        published it (any value that tells one publisher from another)."""
+        return self.submit_many([publish], source)
 
-    def submit_many(self, publishes: list[Publish], ack_to: str) -> bool:
-        """`submit` of each of `publishes` from one origin (`ack_to`, every one's): a run of them."""
+    def submit_many(self, publishes: list[Publish], source: object) -> bool:
+        """`submit` of each of `publishes`, from one source: a run of them."""
         self._queue += publishes
         self._submitted += len(publishes)
-        if ack_to != self._last_origin:
-            if self._last_origin is not None:
-                self._shared_at = trio.current_time()
-            self._last_origin = ack_to
-        if not self._in_span and not self._paused:
+        self._sources.saw(source, trio.current_time())
+        if not self._in_span and not self._held:
             self._work.set()
         if len(self._queue) >= self._high_water and self._room.is_set():
             self._room = trio.Event()
@@ -119,40 +157,45 @@ class GroupCommit:
         self._in_span = True
 
     def after_span(self, *, more_input: bool = False) -> None:
-        """Commit what is queued here and now when the door has no more input waiting, no other
-        origin has published lately, no await is needed and the batch is small; otherwise wake
-        the commit task. Never blocks but for a small commit's fsync, as the task would."""
+        """Commit what is queued here and now when that is quickest (`_commit_here`), else wake the
+        commit task. Never blocks but for a small commit's fsync, as the task would."""
         self._in_span = False
         queue = self._queue
-        if not queue or self._paused:
+        if not queue or self._held:
             return
-        if (
-            more_input  # a stream of publishes: the task's batches grow, and large ones overlap parsing
-            or self._busy
-            or len(queue) > self._max_batch
-            or not self._on_loop(queue)
-            or trio.current_time() - self._shared_at < _SHARED_WINDOW_S
-            or not self._pipeline.channels_exist(queue)
-        ):
+        if not self._commit_here(queue, more_input=more_input):
             self._work.set()
             return
         self._queue = []
         self.inline_commits += 1
         try:
-            self._pipeline.commit(queue, {})  # its channels exist: checked above
+            self._pipeline.commit(queue)
         except Exception:
             self._pipeline.refuse(queue)
         self._done(queue)
+
+    def _commit_here(self, queue: list[Publish], *, more_input: bool) -> bool:
+        """Whether the end of a span commits `queue` itself: a lone publisher's small batch with no
+        more input behind it, no commit of the task's under way, and no channel to create (that is
+        a write of its own, on the store thread)."""
+        return (
+            not more_input  # a stream of publishes: the task's batches grow, and large ones overlap parsing
+            and self._task is not _Task.COMMITTING
+            and len(queue) <= self._max_batch
+            and self._append_on_loop(queue)
+            and not self._sources.shared(trio.current_time())
+            and self._pipeline.channels_exist(queue)
+        )
 
     async def wait_room(self) -> None:
         await self._room.wait()
 
     def pause(self) -> None:
         """Hold commits (accepting and queueing still work): used while recovery waits for clients."""
-        self._paused = True
+        self._held = True
 
     def resume(self) -> None:
-        self._paused = False
+        self._held = False
         self._work.set()
 
     async def flush(self) -> None:
@@ -167,24 +210,17 @@ class GroupCommit:
         with trio.move_on_after(within):
             await self._progress.wait()
 
-    async def store_own(self, publishes: list[Publish]) -> dict[int, Exception]:
-        """Commit the server's own messages (dead letters) with everyone's, and wait for it: the
-        errors by `id()` of the publishes refused (none: all stored). With the commit task gone
-        (shutting down), they are committed here."""
-        outcomes = _Outcomes()
-        for p in publishes:
-            p.origin = outcomes
-        if not self._running:
-            try:
-                self._pipeline.commit(publishes)
-            except Exception:
-                self._pipeline.refuse(publishes)
-            await trio.lowlevel.checkpoint()
-            return outcomes.errors
-        for p in publishes:
-            self.submit(p)
-        await self.flush()
-        return outcomes.errors
+    async def store_own(self, publishes: list[Publish]) -> list[Outcome]:
+        """Commit the server's own messages (dead letters) with everyone's, and wait for it: each one's
+        outcome. With the commit task gone (shutting down), they are committed here."""
+        ticket = Ticket(len(publishes))
+        run = [p._replace(origin=ticket) for p in publishes]
+        if self._task is _Task.STOPPED:
+            await self._commit(run)
+            self._done(run)
+        else:
+            self.submit_many(run, ticket)
+        return await ticket.outcomes()
 
     def statistics(self) -> GroupCommitStatistics:
         pipeline = self._pipeline
@@ -198,22 +234,19 @@ class GroupCommit:
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        self._running = True
+        self._task = _Task.IDLE
         task_status.started()
         try:
             while True:
                 await self._work.wait()
                 self._work = trio.Event()
-                while self._queue and not self._paused:
-                    batch = self._queue[: self._max_batch]
-                    del self._queue[: self._max_batch]
-                    self._busy = True
+                while self._queue and not self._held:
+                    batch = self._take()
+                    self._task = _Task.COMMITTING
                     try:
                         await self._commit(batch)
-                    except Exception:
-                        self._pipeline.refuse(batch)
                     finally:
-                        self._busy = False
+                        self._task = _Task.IDLE
                         self._done(batch)
                     if self._queue:
                         # A small next batch is committed inline, holding the loop for its fsync:
@@ -224,39 +257,58 @@ class GroupCommit:
                         await trio.lowlevel.checkpoint()
                         await trio.lowlevel.checkpoint()
         finally:
-            self._running = False
+            self._task = _Task.STOPPED
             # Shutting down: what was accepted is still stored (clients may or may not get the ack).
             with trio.move_on_after(10, shield=True):
                 while self._queue:
-                    batch = self._queue[: self._max_batch]
-                    del self._queue[: self._max_batch]
+                    batch = self._take()
                     await self._commit(batch)
                     self._done(batch)
 
-    async def _commit(self, batch: list[Publish]) -> None:
-        pipeline = self._pipeline
-        missing, refused = pipeline.missing_channels(batch)
-        for name in missing:
-            await call_store(partial(pipeline.create_channel, name, refused), in_thread=self._in_thread)
-        accepted = pipeline.accepted(batch, refused)
-        if self._on_loop(accepted):
-            # A small batch means a lightly loaded server whose publishers wait on this commit: the
-            # hop to a worker thread and back would cost them more than holding the loop for the
-            # fsync. (Channels were created above, so this does not await.)
-            pipeline.commit(batch, refused)
-            return
-        # A large batch goes to the thread so that parsing overlaps the fsync.
-        self.thread_commits += 1
-        started = time.perf_counter()
-        outcome: AppendResult | StoreError
-        try:
-            outcome = await trio.to_thread.run_sync(pipeline.append, accepted)
-        except StoreError as exc:
-            outcome = exc
-        with pipeline.outbound.holding():
-            pipeline.finish(batch, accepted, refused, outcome, started)
+    def _take(self) -> list[Publish]:
+        batch = self._queue[: self._max_batch]
+        del self._queue[: self._max_batch]
+        return batch
 
-    def _on_loop(self, batch: list[Publish]) -> bool:
+    async def _commit(self, batch: list[Publish]) -> None:
+        try:
+            await self._drive(self._pipeline.commit_steps(batch))
+        except Exception:
+            self._pipeline.refuse(batch)
+
+    async def _drive(self, steps: CommitSteps) -> None:
+        """Run a commit's store calls where they belong: on the loop when small, else on the store
+        thread (channel creation always there: an fsynced write of its own)."""
+        result: object = None
+        error: Exception | None = None
+        while True:
+            try:
+                step = steps.send(result) if error is None else steps.throw(error)
+            except StopIteration:
+                return
+            result = error = None
+            try:
+                if self._on_loop(step):
+                    # A small batch means a lightly loaded server whose publishers wait on this commit:
+                    # the hop to a worker thread and back would cost them more than holding the loop
+                    # for the fsync.
+                    result = step.call()
+                    if step.appending is None:
+                        await trio.lowlevel.checkpoint()
+                else:
+                    # A large batch goes to the thread so that parsing overlaps the fsync.
+                    if step.appending is not None:
+                        self.thread_commits += 1
+                    result = await trio.to_thread.run_sync(step.call)
+            except Exception as exc:
+                error = exc
+
+    def _on_loop(self, step: StoreStep) -> bool:
+        if not self._in_thread:
+            return True
+        return step.appending is not None and self._append_on_loop(step.appending)
+
+    def _append_on_loop(self, batch: list[Publish]) -> bool:
         """Whether to append `batch` on the event loop: always without a store thread; with one, when
         the batch is small enough that the hop to the thread and back (~0.1 ms of CPU) would cost more
         than the loop is held (see bench/README.md, *Figures behind choices*)."""

@@ -1,10 +1,16 @@
-"""The one port through which the core reaches a front door, and the publish a front door hands in.
+"""The one port through which the core reaches a front door, and the records that cross between a
+door and the core: the publish a door hands in, the subscription request it makes, the delivery it
+receives (sans-IO: a door's protocol code may import this).
 
 A front door (STAN over the NATS broker; an HTTP gateway) implements `Outbound`: it receives the
 deliveries for the subscriptions it made and the outcome of the publishes it submitted, and turns
 them into its protocol's frames. The core never knows which protocol that is. `Doors` routes by
 inbox: each door claims the inboxes it hands out by prefix; the first door added takes every inbox
 no other door claims (STAN clients choose their inboxes freely).
+
+A publish's outcome goes to its `origin` with the publish itself, in the order the publishes were
+handed in: the channel sequence the store gave it, or the exception that refused it. Nothing is
+matched by identity, so a `Publish` is an immutable record.
 """
 
 from __future__ import annotations
@@ -12,41 +18,63 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from operator import attrgetter
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
-import attrs
+from storage import MAX_NAME_BYTES, ChannelInfo, ClientRecord
+from storage.codec import MAX_REPLY_BYTES
+from storage.records import StartPosition, SubOptions, SubscriptionRecord
+from streaming.core.engine import Delivery, SubscribeRequest, SubscriptionView
 
-from streaming.core.engine import Delivery
+__all__ = [
+    "MAX_NAME_BYTES",
+    "MAX_REPLY_BYTES",
+    "ChannelInfo",
+    "ClientRecord",
+    "Delivery",
+    "Doors",
+    "Outbound",
+    "Outcome",
+    "Publish",
+    "PublishOrigin",
+    "ToDoors",
+    "StartPosition",
+    "SubOptions",
+    "SubscribeRequest",
+    "SubscriptionRecord",
+    "SubscriptionView",
+]
+
+# What became of one publish: the channel sequence the store gave it, or why it was refused (a
+# `StoreError`, a `ChannelError` or a `RequestError`).
+Outcome = int | Exception
 
 
-@attrs.define(slots=True)
-class Publish:
+class Publish(NamedTuple):
     """One message a client publishes, as every front door hands it to the commit pipeline.
 
-    Not frozen only because one is built per message; treat it as immutable, but for `seq`, which the
-    pipeline sets once the message is stored (before its origin hears of it).
+    A named tuple: immutable, and the cheapest record to build (one is built per message).
     """
 
     channel: str
     data: bytes
-    reply: str  # stored with the message and delivered with it (STAN's PubMsg.reply)
-    guid: str  # the publisher's ID of this message, echoed in its acknowledgement
-    ack_to: str  # where the acknowledgement goes, in the door's own terms ("" = none wanted)
+    reply: str = ""  # stored with the message and delivered with it (STAN's PubMsg.reply)
+    guid: str = ""  # the publisher's ID of this message, echoed in its acknowledgement (STAN)
+    ack_to: str = ""  # where the acknowledgement goes, in the door's own terms ("" = none wanted)
     origin: PublishOrigin | None = None  # who is told the outcome; None: nobody
-    seq: int = 0  # the channel sequence the store gave it (0 until stored)
     content_type: str = ""  # the publisher's media type (HTTP doors), stored with the message
 
 
 class PublishOrigin(Protocol):
-    """Whoever submitted publishes and wants their outcome (a front door; the state writer)."""
+    """Whoever submitted publishes and wants their outcome (a front door; a ticket)."""
 
-    def published(self, publishes: Sequence[Publish], errors: dict[int, Exception]) -> None:
-        """Acknowledge these publishes, in order: stored, or refused with `errors[id(publish)]`
-        (a `storage.StoreError`, a `storage.ChannelError` or a `RequestError`). Never blocks."""
+    def published(self, publishes: Sequence[Publish], outcomes: Sequence[Outcome]) -> None:
+        """These publishes are done, in the order they were handed in: `outcomes[i]` is what became
+        of `publishes[i]` (an int: stored with that sequence; an exception: refused). Never blocks."""
 
 
-class Outbound(PublishOrigin, Protocol):
-    """What a front door implements to receive what the core sends its clients."""
+class Outbound(Protocol):
+    """What a front door implements to receive what the core sends its clients (the outcomes of its
+    publishes go to their origins: the door itself, or a ticket)."""
 
     def deliver(self, deliveries: Sequence[Delivery]) -> None:
         """Send these (in order) to the subscriptions' inboxes. Never blocks."""
@@ -56,6 +84,10 @@ class Outbound(PublishOrigin, Protocol):
 
     async def wait_reachable(self, inboxes: list[str]) -> None:
         """Return once every inbox can be delivered to (its client is back after a restart)."""
+
+
+class ToDoors(Outbound, PublishOrigin, Protocol):
+    """Every door as the commit pipeline sees them (`Doors`; a test's recording door)."""
 
 
 _origin = attrgetter("origin")
@@ -98,19 +130,21 @@ class Doors:
         for port, run in runs.values():
             port.deliver(run)
 
-    def published(self, publishes: Sequence[Publish], errors: dict[int, Exception]) -> None:
+    def published(self, publishes: Sequence[Publish], outcomes: Sequence[Outcome]) -> None:
         origins = set(map(_origin, publishes))  # in C: a batch may hold thousands
         if len(origins) == 1:
             (only,) = origins
             if only is not None:
-                only.published(publishes, errors)
+                only.published(publishes, outcomes)
             return
-        by_origin: dict[int, tuple[PublishOrigin, list[Publish]]] = {}
-        for p in publishes:
+        by_origin: dict[int, tuple[PublishOrigin, list[Publish], list[Outcome]]] = {}
+        for p, outcome in zip(publishes, outcomes, strict=True):
             if p.origin is not None:
-                by_origin.setdefault(id(p.origin), (p.origin, []))[1].append(p)
-        for origin, run in by_origin.values():
-            origin.published(run, errors)
+                _, run, done = by_origin.setdefault(id(p.origin), (p.origin, [], []))
+                run.append(p)
+                done.append(outcome)
+        for origin, run, done in by_origin.values():
+            origin.published(run, done)
 
     def holding(self) -> AbstractContextManager[None]:
         if len(self._ports) == 1:  # one door: its own hold, with nothing wrapped around it

@@ -3,31 +3,67 @@
 Sans-IO (no Trio): it takes time from the clocks it is given and acts through the ports it is given,
 so the Trio server and the engine tests drive the same code.
 
-A publish commit runs: append to the store (one transaction for the whole batch) → tell the engine
-of messages the store dropped for its limits → announce the new messages to the engine → deliver
-(through the front doors' `Outbound` port) → acknowledge the publishers (through the same port, after
-their deliveries, as the reference server does) → queue the subscription-state write (the
-`StateWriter`, which stores dead letters first, then the updates).
+A publish commit (`commit`, the one place the sequence is written) runs: create the channels the
+batch needs → append to the store (one transaction for the whole batch) → tell the engine of messages
+the store dropped for its limits → announce the new messages to the engine → deliver (through the
+front doors' `Outbound` port) → acknowledge the publishers (through the same port, after their
+deliveries, as the reference server does) → queue the subscription-state write (the `StateWriter`,
+which stores dead letters first, then the updates). It is a generator of the store calls it needs:
+its driver decides where they run (`run_now`: here, as `commit` does; `streaming.core.group_commit`:
+on the event loop or the store's thread), never what happens around them.
 
-Every other engine call a front door makes (subscribe, ack, a client gone, ...) goes through here
-too, and its effects are carried out the same way, at once, or at the end of the current input span
-(`defer()` ... `settle()`): a front door that handles a burst of acks from one read settles once.
+Every other engine call (subscribe, ack, a client gone, ...) goes through here too, and its effects
+are carried out the same way, at once, or at the end of the current input span (`defer()` ...
+`settle()`): a front door that handles a burst of acks from one read settles once. Carrying them
+out may call back into a door (a delivery); what a door changes from there is carried out by the same
+settle, after the deliveries at hand, never in a nested one.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
+
+import attrs
 
 from storage import AppendResult, ChannelError, Message, Store, StoreError, SubUpdate
 from streaming.core import errors as texts
 from streaming.core.engine import DeadLetter, Engine, SubscribeRequest
-from streaming.core.errors import RequestError
+from streaming.core.errors import ChannelBeingDeleted, RequestError
 from streaming.core.observers import ServerObserver
-from streaming.core.outbound import Outbound, Publish
+from streaming.core.outbound import Outcome, Publish, ToDoors
 
 log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class StoreStep:
+    """A store call the commit sequence needs made; its driver chooses where it runs."""
+
+    call: Callable[[], object]
+    appending: list[Publish] | None = None  # the messages, when the call is the batch's append
+
+
+CommitSteps = Generator[StoreStep, object, None]
+
+
+def run_now(steps: CommitSteps) -> None:
+    """Drive a commit to its end on this thread, every store call inline. An exception the commit
+    does not handle (a bug) propagates: the caller refuses the batch (`Pipeline.refuse`)."""
+    try:
+        step = next(steps)
+        while True:
+            try:
+                result = step.call()
+            except Exception as exc:
+                step = steps.throw(exc)
+            else:
+                step = steps.send(result)
+    except StopIteration:
+        pass
 
 
 class StateWriter:
@@ -52,7 +88,7 @@ class Pipeline:
         self,
         store: Store,
         engine: Engine,
-        outbound: Outbound,
+        outbound: ToDoors,
         state: StateWriter,
         *,
         clock: Callable[[], float],
@@ -67,7 +103,8 @@ class Pipeline:
         self._wall_ns = wall_clock_ns
         self.observer = observer
         self._deferring = False
-        self.deleting: set[str] = set()  # channels being deleted for MaxInactivity (publishes refused)
+        self._settling = False
+        self._deleting: set[str] = set()  # channels being deleted for MaxInactivity (publishes refused)
         self.commits = 0
         self.largest_batch = 0
         self.refused_by_store = 0  # publishes refused since the store last took a commit
@@ -76,17 +113,24 @@ class Pipeline:
 
     def settle(self) -> None:
         """Carry out everything the engine queued: deliveries go out, dead letters and state updates
-        are queued for the writer, timers are re-armed. Never blocks."""
+        are queued for the writer, timers are re-armed. Never blocks. Called while it runs (from a
+        door's `deliver`), it returns at once: the running one carries out what was added."""
         self._deferring = False
-        if not self.engine.has_effects():  # most input spans and many commits leave nothing to do
+        engine = self.engine
+        if self._settling or not engine.has_effects():  # most spans and many commits leave nothing to do
             return
-        effects = self.engine.take_effects()
-        if effects.deliveries:
-            self.outbound.deliver(effects.deliveries)
-        if effects.dead_letters or effects.updates:
-            self.state.queue(effects.dead_letters, effects.updates)
-        if effects.timer_changes:
-            self.state.rearm(effects.timer_changes)
+        self._settling = True
+        try:
+            while engine.has_effects():
+                effects = engine.take_effects()
+                if effects.deliveries:
+                    self.outbound.deliver(effects.deliveries)
+                if effects.dead_letters or effects.updates:
+                    self.state.queue(effects.dead_letters, effects.updates)
+                if effects.timer_changes:
+                    self.state.rearm(effects.timer_changes)
+        finally:
+            self._settling = False
 
     def defer(self) -> None:
         """Until `settle()`, engine calls made through here leave their effects queued (an input span
@@ -118,8 +162,8 @@ class Pipeline:
     def subscribe(self, request: SubscribeRequest, answer: Callable[[int], None]) -> int:
         """Add a subscription; `answer(sub_id)` (the door's response to the request) runs before any
         of its deliveries go out."""
-        if request.channel in self.deleting:
-            raise RequestError(texts.CHANNEL_BEING_DELETED)
+        if request.channel in self._deleting:
+            raise ChannelBeingDeleted()
         sub_id = self.engine.subscribe(request, self.clock(), self._wall_ns())
         answer(sub_id)
         self._changed()
@@ -148,7 +192,8 @@ class Pipeline:
 
     def set_window(self, sub_id: int, window: int) -> None:
         """Deliveries on demand: how many pending messages the subscription may hold (see
-        `Engine.set_window`); what a wider window lets through is delivered before this returns."""
+        `Engine.set_window`); what a wider window lets through is delivered before this returns, or,
+        called from a door's `deliver`, right after the deliveries at hand."""
         self.engine.set_window(sub_id, window, self.clock())
         self._changed()
 
@@ -170,69 +215,86 @@ class Pipeline:
 
     # -- publishing --------------------------------------------------------------------------------
 
+    def is_deleting(self, channel: str) -> bool:
+        """Whether `channel` is being deleted (for its MaxInactivity): publishes and new subscriptions
+        to it are refused meanwhile."""
+        return channel in self._deleting
+
+    @property
+    def deleting_any(self) -> bool:
+        return bool(self._deleting)
+
+    @contextmanager
+    def deleting(self, channel: str) -> Iterator[None]:
+        """While the store deletes `channel` (the block may await), it takes no publishes."""
+        self._deleting.add(channel)
+        try:
+            yield
+        finally:
+            self._deleting.discard(channel)
+
     def channels_exist(self, batch: Sequence[Publish]) -> bool:
+        """Whether committing `batch` needs no channel created (so no store call but the append)."""
         try:
             return all(
-                name not in self.deleting and self.store.channel_info(name) is not None
+                name not in self._deleting and self.store.channel_info(name) is not None
                 for name in {p.channel for p in batch}
             )
-        except (ChannelError, StoreError):  # `missing_channels` refuses these with the right error
+        except (ChannelError, StoreError):  # the commit refuses these with the right error
             return False
 
-    def missing_channels(self, batch: Sequence[Publish]) -> tuple[list[str], dict[str, Exception]]:
-        """The batch's channels the store has not got yet (to create), and those it refuses."""
-        missing: list[str] = []
+    def commit(self, batch: list[Publish]) -> None:
+        """The whole commit of `batch` on this thread, every store call inline (`commit_steps`)."""
+        run_now(self.commit_steps(batch))
+
+    def commit_steps(self, batch: list[Publish]) -> CommitSteps:
+        """The commit sequence of one batch, written once: create the channels it needs → append →
+        announce → deliver → acknowledge, every publisher in arrival order.
+
+        A generator of the store calls it needs made (`StoreStep`), each sent back its result (or
+        thrown its exception): whoever drives it chooses when and on which thread each call runs
+        (`run_now`, inline; the group commit under Trio). It never blocks otherwise.
+        """
         refused: dict[str, Exception] = {}
+        for name in self._missing_channels(batch, refused):
+            try:
+                yield StoreStep(partial(self.store.ensure_channel, name))
+            except ChannelError as exc:
+                refused[name] = exc
+            except StoreError as exc:
+                log.error("could not create channel %r: %s", name, exc)
+                self.state.store_refused(exc)
+                refused[name] = exc
+        accepted = [p for p in batch if p.channel not in refused] if refused else batch
+        started = time.perf_counter()
+        outcome: object = None
+        if accepted:
+            try:
+                # The publishes go to the store as they are (each is a `storage.MessageToAppend`).
+                outcome = yield StoreStep(
+                    partial(self.store.append, accepted, now_unix_ns=self._wall_ns()), appending=accepted
+                )
+            except StoreError as exc:
+                outcome = exc
+        assert outcome is None or isinstance(outcome, AppendResult | StoreError), outcome
+        with self.outbound.holding():  # the deliveries and acknowledgements leave together
+            self._finish(batch, accepted, refused, outcome, started)
+
+    def _missing_channels(self, batch: Sequence[Publish], refused: dict[str, Exception]) -> list[str]:
+        """The batch's channels the store has not got yet (to create); those it refuses go in `refused`."""
+        missing: list[str] = []
         for name in {p.channel for p in batch}:
-            if name in self.deleting:
-                refused[name] = RequestError(texts.CHANNEL_BEING_DELETED)
+            if name in self._deleting:
+                refused[name] = ChannelBeingDeleted()
                 continue
             try:
                 if self.store.channel_info(name) is None:  # raises for a name that clashes in case
                     missing.append(name)
             except ChannelError as exc:
                 refused[name] = exc
-        return missing, refused
+        return missing
 
-    def create_channel(self, name: str, refused: dict[str, Exception]) -> None:
-        """Create a channel (an fsynced write: the Trio side runs it on the store's thread)."""
-        try:
-            self.store.ensure_channel(name)
-        except ChannelError as exc:
-            refused[name] = exc
-        except StoreError as exc:
-            log.error("could not create channel %r: %s", name, exc)
-            self.state.store_refused(exc)
-            refused[name] = exc
-
-    def commit(self, batch: list[Publish], refused: dict[str, Exception] | None = None) -> None:
-        """The whole commit on this thread: create channels (unless the caller did and says which it
-        could not: `refused`), append, announce, deliver, acknowledge."""
-        if refused is None:
-            missing, refused = self.missing_channels(batch)
-            for name in missing:
-                self.create_channel(name, refused)
-        accepted = self.accepted(batch, refused)
-        with self.outbound.holding():
-            started = time.perf_counter()
-            outcome: AppendResult | StoreError | None = None
-            if accepted:
-                try:
-                    outcome = self.append(accepted)
-                except StoreError as exc:
-                    outcome = exc
-            self.finish(batch, accepted, refused, outcome, started)
-
-    @staticmethod
-    def accepted(batch: list[Publish], refused: dict[str, Exception]) -> list[Publish]:
-        return [p for p in batch if p.channel not in refused] if refused else batch
-
-    def append(self, accepted: list[Publish]) -> AppendResult:
-        """The store append of a commit, stamped with the pipeline's wall clock (thread-safe). The
-        publishes go to the store as they are (each is a `storage.MessageToAppend`)."""
-        return self.store.append(accepted, now_unix_ns=self._wall_ns())
-
-    def finish(
+    def _finish(
         self,
         batch: list[Publish],
         accepted: list[Publish],
@@ -240,16 +302,15 @@ class Pipeline:
         outcome: AppendResult | StoreError | None,
         started: float,
     ) -> None:
-        """After the append: announce and deliver, then acknowledge every publisher, in arrival order.
-        Call it inside `outbound.holding()`, so that the deliveries and acknowledgements leave together."""
-        errors: dict[int, Exception] = {}
+        """After the append: announce and deliver, then acknowledge every publisher, in arrival order."""
+        outcomes: list[Outcome]
         if isinstance(outcome, StoreError):
             # Once per failing spell (a full disk refuses every commit until space returns).
             if not self.refused_by_store:
                 log.error("publishes are refused: %s", outcome)
             self.refused_by_store += len(accepted)
             self.state.store_refused(outcome)
-            errors = {id(p): outcome for p in accepted}
+            outcomes = [outcome] * len(accepted)
         elif outcome is not None:
             if self.refused_by_store:
                 log.info("publishes are stored again (%d refused meanwhile)", self.refused_by_store)
@@ -257,32 +318,33 @@ class Pipeline:
                 self.state.store_writable()
             if self.observer is not None:
                 self.observer.on_commit(time.perf_counter() - started, len(accepted))
-            self._announce(accepted, outcome)
-        if refused:
-            for p in batch:
-                error = refused.get(p.channel)
-                if error is not None:
-                    errors[id(p)] = error
+            outcomes = self._announce(accepted, outcome)
+        else:
+            outcomes = []
+        if refused:  # the accepted ones' outcomes, in order, with the refused ones' in their places
+            stored = iter(outcomes)
+            outcomes = [refused[p.channel] if p.channel in refused else next(stored) for p in batch]
         self.commits += 1
         self.largest_batch = max(self.largest_batch, len(batch))
-        self.outbound.published(batch, errors)
+        self.outbound.published(batch, outcomes)
 
     def refuse(self, batch: list[Publish]) -> None:
         """A bug must cost this batch (its publishers get an error), not the server."""
         log.exception("publish commit failed; %d publishes refused", len(batch))
-        error = RequestError(texts.INTERNAL_ERROR)
-        self.outbound.published(batch, {id(p): error for p in batch})
+        self.outbound.published(batch, [RequestError(texts.INTERNAL_ERROR)] * len(batch))
 
-    def _announce(self, accepted: list[Publish], result: AppendResult) -> None:
-        """Tell the engine, and carry out what it decides (deliveries go before the acknowledgements)."""
+    def _announce(self, accepted: list[Publish], result: AppendResult) -> list[Outcome]:
+        """Tell the engine, and carry out what it decides (deliveries go before the acknowledgements);
+        the publishes' sequences."""
         engine = self.engine
         for channel, dropped in result.dropped.items():
             engine.on_dropped(channel, dropped)
         now = self.clock()
+        seqs: list[Outcome] = []
         by_channel: dict[str, list[Message]] = {}
         channel, messages, read = "", [], False  # a commit's publishes come in runs to one channel
         for p, (seq, timestamp) in zip(accepted, result.assigned, strict=True):
-            p.seq = seq
+            seqs.append(seq)
             if p.channel != channel:
                 channel = p.channel
                 if channel not in by_channel:
@@ -295,6 +357,7 @@ class Pipeline:
         for channel, messages in by_channel.items():
             engine.on_appended(channel, now, messages)
         self.settle()
+        return seqs
 
     @staticmethod
     def _tell_observer(observer: ServerObserver, accepted: list[Publish], result: AppendResult) -> None:

@@ -27,7 +27,6 @@ jumps while a thread runs.
 
 from __future__ import annotations
 
-import gc
 import heapq
 import logging
 import math
@@ -61,19 +60,6 @@ _RETRY_MAX_S = 5.0
 # fsync is then done before the next publish's, which otherwise queued behind it on the disk.
 _STATE_WRITE_ALIGN_S = 0.003
 T = TypeVar("T")
-
-
-def tune_gc() -> None:
-    """The collector policy for a long-running server process; call it once after recovery.
-
-    With the default thresholds a full collection walks every live object every ~700 x 10 x 10
-    allocations, and on this workload that is a pause of tens of ms in the middle of a redelivery pass.
-    Freezing what exists after startup (recovered state, imported code) takes it out of every later
-    scan, and larger thresholds make young and full collections rarer. Cycles are still collected.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 50, 100)
 
 
 @attrs.define
@@ -328,16 +314,13 @@ class EngineRuntime(StateWriter):
         so it looks again at least once a second (one scan of the channel list, not per message)."""
         while True:
             now = trio.current_time()
-            deleting = self.pipeline.deleting
             for name in self.engine.inactive_channels(now):
-                deleting.add(name)
                 try:
-                    await self._call(partial(self.store.delete_channel, name))
+                    with self.pipeline.deleting(name):
+                        await self._call(partial(self.store.delete_channel, name))
                 except StoreError:
                     log.exception("could not delete inactive channel %r", name)
                     continue
-                finally:
-                    deleting.discard(name)
                 self.pipeline.channel_deleted(name)
                 log.info("deleted channel %r after its MaxInactivity", name)
             due = self.engine.next_inactivity_check(trio.current_time())
@@ -450,15 +433,13 @@ class EngineRuntime(StateWriter):
         """Store dead letters (False if the store refused). They go before the updates that drop
         them from pending, so a crash in between can only repeat a dead letter, never lose one."""
         assert self._commit is not None, "bind() first"
-        letters = [Publish(d.channel, dead_letter_payload(d), "", "", "") for d in dead]
-        errors = await self._commit.store_own(letters)
-        for letter, publish in zip(dead, letters, strict=True):
-            error = errors.get(id(publish))
-            if isinstance(error, StoreError) and not isinstance(error, ChannelError):
-                self._failed(error)
+        outcomes = await self._commit.store_own([Publish(d.channel, dead_letter_payload(d)) for d in dead])
+        for letter, outcome in zip(dead, outcomes, strict=True):
+            if isinstance(outcome, StoreError) and not isinstance(outcome, ChannelError):
+                self._failed(outcome)
                 return False
-            if error is not None:
-                log.error("dead letter of %s seq %d dropped: %s", letter.origin_channel, letter.seq, error)
+            if isinstance(outcome, Exception):
+                log.error("dead letter of %s seq %d dropped: %s", letter.origin_channel, letter.seq, outcome)
         return True
 
     async def _call(self, fn: Callable[[], T]) -> T:

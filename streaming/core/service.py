@@ -1,11 +1,8 @@
-"""The delivery core as the front doors see it: the store, the engine, the commit pipeline, the publish
-group commit and the runtime, recovered and run as one.
+"""The delivery core assembled: the store, the engine, the commit pipeline, the publish group commit
+and the runtime, recovered and run as one.
 
-A front door registers its `Outbound` port (`doors.add`) before `run`, then turns its protocol's
-requests into calls on `pipeline` (subscribe, ack, ...), `publish` and `queue_state`; it never runs
-any part of the commit sequence itself. Around a burst of input (one read of a connection) it calls
-`span_started` / `span_ended`: the span's engine effects are carried out once, at its end, and its
-publishes are committed there when that is quickest (see `streaming.core.group_commit`).
+Front doors never touch this: they use its door API (`Core.api`, streaming.core.door_api), which
+is all they may call. The server, monitoring and tests of the core itself see the parts here.
 
 After a restart, commits and deliveries wait (up to `recovery_hold_s`) until the subscribers that had
 messages pending are reachable again, so that those messages are redelivered before anything new.
@@ -16,21 +13,18 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Awaitable, Sequence
-from functools import partial
+from collections.abc import Sequence
 
 import trio
 
-from storage import ChannelError, DamagedStoreError, RecoveredState, Store, StoreError
+from storage import DamagedStoreError, RecoveredState, Store, StoreError
 from storage.integrity import beyond_channels
-from streaming.core import errors as texts
 from streaming.core.engine import Engine, Observer
-from streaming.core.errors import RequestError
 from streaming.core.group_commit import GroupCommit
 from streaming.core.observers import ServerObserver
-from streaming.core.outbound import Doors, Publish
+from streaming.core.outbound import Doors
 from streaming.core.pipeline import Pipeline
-from streaming.core.runtime import EngineRuntime, tune_gc
+from streaming.core.runtime import EngineRuntime
 from streaming.core.store_calls import call_store
 
 log = logging.getLogger(__name__)
@@ -107,7 +101,6 @@ class Core:
             if self._expiry_configured():
                 nursery.start_soon(self._age_sweeper)
             nursery.start_soon(self._start_after_recovery, held)
-            tune_gc()
             task_status.started()
 
     def _check_positions(self, state: RecoveredState) -> RecoveredState:
@@ -133,50 +126,6 @@ class Core:
         self.pipeline.start()
         self.group_commit.resume()
         self.ready.set()
-
-    # -- for the front doors ---------------------------------------------------------------------
-
-    def publish(self, publish: Publish) -> Awaitable[None] | None:
-        """Queue a publish for the next group commit; its origin hears the outcome. Returns an
-        awaitable when the commit queue is full (await it before reading on: back-pressure)."""
-        commit = self.group_commit
-        return None if commit.submit(publish) else commit.wait_room()
-
-    def publish_many(self, publishes: list[Publish], ack_to: str) -> Awaitable[None] | None:
-        """`publish` of each of `publishes` from one origin (`ack_to`, every one's), queued at once."""
-        commit = self.group_commit
-        return None if commit.submit_many(publishes, ack_to) else commit.wait_room()
-
-    async def flush_publishes(self) -> None:
-        """Wait until every publish submitted so far is committed and acknowledged."""
-        await self.group_commit.flush()
-
-    def span_started(self) -> None:
-        """A front door starts handling a burst of input (it does not await until `span_ended`)."""
-        self.pipeline.defer()
-        self.group_commit.span_started()
-
-    def span_ended(self, *, more_input: bool) -> None:
-        """The burst is handled: carry out its effects, and commit its publishes now or in the task
-        (`more_input`: the door has more of the same connection's input waiting)."""
-        self.pipeline.settle()
-        self.group_commit.after_span(more_input=more_input)
-
-    async def ensure_channel(self, name: str) -> None:
-        """Create a channel a subscription names, off the event loop (an fsynced write), before the
-        engine needs it. Raises RequestError for a name the store refuses (too many channels, a
-        clash in case, one being deleted), StoreError when the store cannot write."""
-        if name in self.pipeline.deleting:
-            raise RequestError(texts.CHANNEL_BEING_DELETED)
-        try:
-            if self.store.channel_info(name) is None:
-                await call_store(partial(self.store.ensure_channel, name), in_thread=self.in_thread)
-        except ChannelError as exc:
-            raise RequestError(str(exc)) from exc
-
-    def store_write_error(self) -> StoreError | None:
-        """Why the store refuses writes, while it does (publishes, or subscription state)."""
-        return self.runtime.write_error
 
     # -- limits ----------------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 An adapter on the delivery core like the other doors:
 - a consumer is an engine subscription (plain, durable, queue member) with the consumer's AckWait and
-  MaxInflight, delivered on demand: the door opens its window (`Pipeline.set_window`) to what it has
+  MaxInflight, delivered on demand: the door opens its window (`DoorApi.set_window`) to what it has
   handed out plus one per waiting pull, so the engine sends a new message only to a consumer that is
   pulling (through the door's outbound port, inboxes under `_PULL.`), and none waits unpulled while
   its AckWait runs or while another member of its queue group is idle. Handing one out restarts its
@@ -30,10 +30,9 @@ from contextlib import AbstractContextManager, nullcontext
 import attrs
 import trio
 
-from streaming.core.engine import Delivery, SubscribeRequest
+from streaming.core.door_api import DoorApi, Permissions
 from streaming.core.errors import RequestError
-from streaming.core.outbound import Publish
-from streaming.core.service import Core
+from streaming.core.outbound import ChannelInfo, Delivery, Publish, SubscribeRequest
 from streaming.pull import protocol as pp
 
 log = logging.getLogger(__name__)
@@ -77,29 +76,19 @@ class PullResult:
     handout: pp.Handout | None = None
 
 
-class _Commit:
-    __slots__ = ("done", "error", "seq")
-
-    def __init__(self) -> None:
-        self.done = trio.Event()
-        self.error: Exception | None = None
-        self.seq = 0
-
-
 class PullDoor:
-    def __init__(self, core: Core, settings: pp.PullSettings) -> None:
+    def __init__(self, core: DoorApi, settings: pp.PullSettings) -> None:
         self.core = core
         self.settings = settings
         self._consumers: dict[str, PullConsumer] = {}
         self._by_sub: dict[int, PullConsumer] = {}
         self._groups: dict[tuple[str, str, str], set[PullConsumer]] = {}
         self._tombstones: dict[str, float] = {}
-        self._commits: dict[str, _Commit] = {}
         self._epoch = format(time.time_ns() // 1_000_000, "x")
         self._serial = 0
         self._created = self._expired = self._handed = self._acked = self._nacked = self._stale = 0
         self._published = 0
-        core.doors.add(self, INBOX_PREFIX)
+        core.add_door(self, INBOX_PREFIX)
 
     def statistics(self) -> PullStatistics:
         return PullStatistics(
@@ -144,7 +133,7 @@ class PullDoor:
 
     async def create(self, channel: str, options: pp.ConsumerOptions) -> PullConsumer:
         """A new consumer on `channel`; raises RequestError (a bad channel or start) or Conflict."""
-        await self.core.ready.wait()
+        await self.core.wait_ready()
         await self.core.ensure_channel(channel)
         consumer_id = pp.new_id()
         now = trio.current_time()
@@ -153,12 +142,12 @@ class PullDoor:
             self._check_durable(channel, options)
         if options.durable and not options.group:
             engine_client = f"pull:d:{options.durable}"
-            if self.core.engine.has_client(engine_client):
+            if self.core.has_client(engine_client):
                 raise Conflict("a consumer with this durable name is attached")
         else:
             engine_client = f"pull:{consumer_id}"
         live = PullConsumer(consumer, engine_client, (channel, options.durable, options.group))
-        self.core.pipeline.add_client(engine_client)
+        self.core.attach_client(engine_client)
         request = SubscribeRequest(
             client_id=engine_client,
             channel=channel,
@@ -181,9 +170,9 @@ class PullDoor:
             self._groups.setdefault(live.group_key, set()).add(live)
 
         try:
-            self.core.pipeline.subscribe(request, answer)
+            self.core.subscribe(request, answer)
         except RequestError:
-            self.core.pipeline.client_closed(engine_client)
+            self.core.detach_client(engine_client)
             raise
         self._created += 1
         return live
@@ -191,7 +180,7 @@ class PullDoor:
     def _check_durable(self, channel: str, options: pp.ConsumerOptions) -> None:
         """A durable name stays with the queue group it was made with (or with none): using it
         otherwise would silently start a second cursor under the same name."""
-        bound = self.core.engine.durable_bindings(channel, options.durable, f"pull:d:{options.durable}")
+        bound = self.core.durable_bindings(channel, options.durable, f"pull:d:{options.durable}")
         other = next((group for group in bound if group != options.group), None)
         if other is None:
             return
@@ -215,10 +204,9 @@ class PullDoor:
                 del self._groups[live.group_key]
         if live.waiter is not None:
             live.waiter.set()
-        pipeline = self.core.pipeline
         if unsubscribe:
-            pipeline.unsubscribe(live.sub_id)
-        pipeline.client_closed(live.engine_client)  # a plain one goes; a durable stays, offline
+            self.core.unsubscribe(live.sub_id)
+        self.core.detach_client(live.engine_client)  # a plain one goes; a durable stays, offline
 
     # -- pulls -----------------------------------------------------------------------------------
 
@@ -261,7 +249,6 @@ class PullDoor:
         self._serial += 1
         lent = self._borrow(live)
         handout = consumer.take(trio.current_time(), time.time(), format(self._serial, "x"), lent)
-        pipeline = self.core.pipeline
         if handout is None:
             self._open(live)  # the waiting pull's share of the window goes
             return PullResult(503)
@@ -271,9 +258,9 @@ class PullDoor:
         consumer.last = handout
         self._open(live)  # before any ack: what it frees must not be refilled past the window
         if consumer.options.ack_manual:
-            pipeline.ack_progress(live.sub_id, handout.seq)  # its AckWait runs from this response
+            self.core.ack_progress(live.sub_id, handout.seq)  # its AckWait runs from this response
         else:
-            pipeline.ack(live.sub_id, handout.seq)  # at-most-once: acknowledged as it is handed out
+            self.core.ack(live.sub_id, handout.seq)  # at-most-once: acknowledged as it is handed out
         return PullResult(200, handout)
 
     def _open(self, live: PullConsumer) -> None:
@@ -281,12 +268,8 @@ class PullDoor:
         window = live.consumer.window()
         if window == live.window or live.consumer.id not in self._consumers:
             return
-        if window < live.window:
-            # Narrowing sends nothing, so it may be done while deliveries are being handed out.
-            self.core.engine.set_window(live.sub_id, window, trio.current_time())
-        else:
-            self.core.pipeline.set_window(live.sub_id, window)
         live.window = window
+        self.core.set_window(live.sub_id, window)  # from `deliver` too: what it lets through comes after
 
     def _available(self, live: PullConsumer) -> bool:
         """Whether a pull of this consumer would get a message now (its own, or its group's)."""
@@ -338,8 +321,8 @@ class PullDoor:
         self._open(live)  # narrowed before the ack, which would otherwise refill what it frees
         if acknowledge:
             self._acked += 1
-            self.core.pipeline.ack(live.sub_id, seq)
-            await self.core.runtime.write_now()  # 204 only once the ack is stored
+            self.core.ack(live.sub_id, seq)
+            await self.core.acks_stored()  # 204 only once the ack is stored
         else:
             self._nacked += 1
             self._wake(live)
@@ -359,19 +342,23 @@ class PullDoor:
 
     async def publish(self, channel: str, data: bytes, content_type: str = "") -> int:
         """Store one message; its sequence once committed. Raises RequestError or StoreError."""
-        await self.core.ready.wait()
-        if channel in self.core.pipeline.deleting:
-            raise RequestError("the channel is being deleted")
-        self._serial += 1
-        key = f"{INBOX_PREFIX}p{self._serial}"
-        commit = self._commits[key] = _Commit()
-        pending = self.core.publish(Publish(channel, data, "", key, key, self, content_type=content_type))
-        if pending is not None:
-            await pending
-        await commit.done.wait()
-        if commit.error is not None:
-            raise commit.error
-        return commit.seq
+        await self.core.wait_ready()
+        refusal = self.core.refusal(channel, "publish")
+        if refusal is not None:
+            raise refusal
+        (outcome,) = await self.core.publish_and_wait([Publish(channel, data, content_type=content_type)])
+        if isinstance(outcome, Exception):
+            raise outcome
+        self._published += 1
+        return outcome
+
+    def refusal(self, channel: str, action: str, permissions: Permissions | None) -> RequestError | None:
+        """Why a publish to (or a consumer on) `channel` is refused now (see `DoorApi.refusal`)."""
+        return self.core.refusal(channel, action, permissions)
+
+    def channel_info(self, channel: str) -> ChannelInfo | None:
+        """What the store holds of `channel` (None: no such channel)."""
+        return self.core.channel_info(channel)
 
     # -- the outbound port -------------------------------------------------------------------------
 
@@ -390,17 +377,6 @@ class PullDoor:
             live.consumer.offer(m.seq, m.timestamp_unix_ns, m.data, d.attempt, now, m.content_type)
             self._open(live)
             self._wake(live)
-
-    def published(self, publishes: Sequence[Publish], errors: dict[int, Exception]) -> None:
-        for p in publishes:
-            commit = self._commits.pop(p.ack_to, None)
-            if commit is None:
-                continue
-            commit.error = errors.get(id(p)) if errors else None
-            commit.seq = p.seq
-            if commit.error is None:
-                self._published += 1
-            commit.done.set()
 
     def holding(self) -> AbstractContextManager[None]:
         return nullcontext()

@@ -20,9 +20,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from storage import StoreError
 from streaming.auth import Authenticator
-from streaming.core.errors import RequestError
+from streaming.core.errors import NotPermitted, RequestError, StoreError
 from streaming.http_auth import permissions_of
 from streaming.pull import protocol as pp
 from streaming.pull.door import Conflict, PullConsumer, PullDoor
@@ -129,7 +128,7 @@ class PullApp:
 
     async def channel_info(self, request: Request) -> Response:
         channel = request.path_params["channel"]
-        info = self.door.core.store.channel_info(channel)
+        info = self.door.channel_info(channel)
         if info is None:
             return _problem(404, "unknown-channel", channel=channel)
         base = self._base(request, channel)
@@ -148,8 +147,7 @@ class PullApp:
             if len(body) > self.max_payload:
                 # The rest of the body is not read: the connection cannot carry another request.
                 return _problem(413, "payload-too-large", {"Connection": "close"}, limit=self.max_payload)
-        permissions = permissions_of(request, self.auth)
-        if permissions is not None and not permissions.may_publish(channel):
+        if isinstance(self.door.refusal(channel, "publish", permissions_of(request, self.auth)), NotPermitted):
             return _problem(403, "forbidden", detail=f"may not publish to channel {channel!r}")
         content_type = request.headers.get("content-type", "")
         if not _CONTENT_TYPE.fullmatch(content_type):
@@ -172,8 +170,7 @@ class PullApp:
             options = pp.parse_options(form, time.time_ns())
         except pp.BadParameter as exc:
             return _problem(400, "bad-parameter", parameter=exc.name, detail=str(exc))
-        permissions = permissions_of(request, self.auth)
-        if permissions is not None and not permissions.may_subscribe(channel):
+        if isinstance(self.door.refusal(channel, "subscribe", permissions_of(request, self.auth)), NotPermitted):
             return _problem(403, "forbidden", detail=f"may not consume from channel {channel!r}")
         try:
             live = await self.door.create(channel, options)

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import attrs
 
-from storage.records import StartPosition
+from streaming.core.outbound import StartPosition
 
 MAX_INFLIGHT_CAP: Final = 1024  # NATS Streaming's default MaxInflight
 

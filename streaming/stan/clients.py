@@ -25,9 +25,9 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from storage import ClientRecord, DeleteClient, SaveClient
 from streaming.core import errors
-from streaming.core.service import Core
+from streaming.core.door_api import DoorApi
+from streaming.core.outbound import ClientRecord
 from streaming.stan.bus import Bus
 from streaming.stan.config import StanConfig
 from streaming.wire.stan_pb import protocol_pb2 as pb
@@ -52,7 +52,7 @@ class Client:
 
 
 class Clients:
-    def __init__(self, config: StanConfig, broker: Bus, core: Core) -> None:
+    def __init__(self, config: StanConfig, broker: Bus, core: DoorApi) -> None:
         self.config = config
         self._broker = broker
         self._core = core
@@ -67,7 +67,7 @@ class Clients:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Take over the recovered clients and watch every client's heartbeats until cancelled."""
-        for record in self._core.recovered.clients:
+        for record in self._core.recovered_clients():
             self._add(record)
         self._broker.subscribe(f"{self._reply_prefix}.*", self._on_reply)
         self._broker.add_close_hook(self._on_connection_closed)
@@ -182,12 +182,9 @@ class Clients:
     async def _admit(self, record: ClientRecord, conn: int) -> None:
         """Add a client: to the registry and the core, to the store, and to the heartbeats."""
         client = self._add(record, conn)
-        self._core.pipeline.add_client(record.client_id)
         # Stored before the answer, unless the store refuses writes (a full disk): the client is
         # served from memory then, and its record is written with the rest of the state once it can.
-        runtime = self._core.runtime
-        runtime.queue_updates([SaveClient(record)])
-        if not await runtime.write_now():
+        if not await self._core.register_client(record):
             log.warning(
                 "client %r is served, but its registration waits for the store to take writes", record.client_id
             )
@@ -207,8 +204,7 @@ class Clients:
             self._broker.release(subject)
         client.subjects.clear()
         client.scope.cancel()
-        self._core.pipeline.client_closed(client_id)
-        self._core.runtime.queue_updates([DeleteClient(client_id)])
+        self._core.unregister_client(client_id)
         await trio.lowlevel.checkpoint()
 
     # -- heartbeats and pings --------------------------------------------------------------------
@@ -247,7 +243,7 @@ class Clients:
         """One task per client: probe its heartbeat inbox, close it after too many failures."""
         cfg = self.config
         client_id = client.record.client_id
-        pipeline = self._core.pipeline
+        core = self._core
         with client.scope:
             while True:
                 # +-10%: clients that connected together (a restart, a deploy) would otherwise be
@@ -266,11 +262,11 @@ class Clients:
                 if answer is not None:
                     if client.failures:
                         client.failures = 0
-                        pipeline.set_heartbeat_failed(client_id, False)
+                        core.set_heartbeat_failed(client_id, False)
                     continue
                 client.failures += 1
                 if client.failures == 1:
-                    pipeline.set_heartbeat_failed(client_id, True)
+                    core.set_heartbeat_failed(client_id, True)
                 if client.failures > cfg.hb_fail_count:
                     log.info("client %r missed %d heartbeats: closing it", client_id, client.failures)
                     break

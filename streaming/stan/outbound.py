@@ -6,10 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 
-from storage import ChannelError, StoreError
-from streaming.core.engine import Delivery
-from streaming.core.errors import store_error
-from streaming.core.outbound import Publish
+from streaming.core.errors import ChannelError, StoreError, store_error
+from streaming.core.outbound import Delivery, Outcome, Publish
 from streaming.stan.bus import Bus
 from streaming.wire.stan_pb import protocol_pb2 as pb
 
@@ -62,20 +60,19 @@ class StanOutbound:
         if run:
             publish_many(inbox, run)
 
-    def published(self, publishes: Sequence[Publish], errors: dict[int, Exception]) -> None:
+    def published(self, publishes: Sequence[Publish], outcomes: Sequence[Outcome]) -> None:
         acks: dict[str, list[bytes]] = {}  # per ack inbox (one per client), in order
         pub_ack = self._pub_ack  # one message re-filled per publish: half the cost of a new one each
         serialize = pub_ack.SerializeToString
         text = pub_ack.error = ""  # what `pub_ack` holds, tracked here: reading a field back costs too
         inbox, run = "", []  # a commit's publishes come in runs from one publisher: one lookup a run
-        for p in publishes:
+        for p, outcome in zip(publishes, outcomes, strict=True):
             to = p.ack_to
             if not to:
                 continue
             pub_ack.guid = p.guid
-            if errors:
-                error = errors.get(id(p))
-                wanted = "" if error is None else error_text(error)
+            if outcome.__class__ is not int or text:
+                wanted = error_text(outcome) if isinstance(outcome, Exception) else ""
                 if wanted != text:
                     text = pub_ack.error = wanted
             if to != inbox:

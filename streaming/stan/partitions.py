@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import attrs
 import trio
 
-from storage import ClientRecord
+from streaming.core.outbound import ClientRecord
 from streaming.stan.bus import Bus
 from streaming.wire.subjects import valid_subject
 

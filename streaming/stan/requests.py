@@ -13,11 +13,8 @@ import re
 
 from google.protobuf.message import DecodeError, Message
 
-from storage.base import MAX_NAME_BYTES
-from storage.codec import MAX_REPLY_BYTES
-from storage.records import StartPosition, SubOptions
 from streaming.core import errors
-from streaming.core.engine import SubscribeRequest
+from streaming.core.outbound import MAX_NAME_BYTES, MAX_REPLY_BYTES, StartPosition, SubOptions, SubscribeRequest
 from streaming.wire.stan_pb import protocol_pb2 as pb
 
 _CLIENT_ID = re.compile(r"^[a-zA-Z0-9_-]+$")

@@ -1,8 +1,8 @@
 """The STAN front door: answers NATS Streaming clients on the embedded broker.
 
 Protocol translation only. It subscribes in-process to the STAN subjects of its cluster ID, decodes
-each request (streaming.stan.requests), and turns it into a call on the delivery core
-(streaming.core.service): the registry of clients, heartbeats and pings live in
+each request (streaming.stan.requests), and turns it into a call on the delivery core's door API
+(streaming.core.door_api): the registry of clients, heartbeats and pings live in
 streaming.stan.clients; deliveries and PubAcks leave through its outbound port
 (streaming.stan.outbound). It never runs the commit sequence itself.
 
@@ -38,13 +38,10 @@ from functools import partial
 
 import trio
 
-from storage import ChannelError, ClientRecord, StoreError, StoreFullError
 from streaming.core import errors
-from streaming.core.engine import Engine
-from streaming.core.errors import RequestError
-from streaming.core.outbound import Publish
-from streaming.core.pipeline import Pipeline
-from streaming.core.service import Core
+from streaming.core.door_api import DoorApi
+from streaming.core.errors import RequestError, StoreError, StoreFullError
+from streaming.core.outbound import ClientRecord, Publish
 from streaming.stan.bus import Bus
 from streaming.stan.clients import Client, Clients, nuid
 from streaming.stan.config import StanConfig
@@ -76,13 +73,13 @@ LOOKUP_AFTER_S = 0.2  # partitioned: then the other servers are asked whether th
 
 
 class StanServer:
-    def __init__(self, config: StanConfig, broker: Bus, core: Core, partition: Partition | None = None) -> None:
+    def __init__(self, config: StanConfig, broker: Bus, core: DoorApi, partition: Partition | None = None) -> None:
         self.config = config
         self.partition = partition
         self.broker = broker
         self.core = core
         self.outbound = StanOutbound(broker)
-        core.doors.add(self.outbound)
+        core.add_door(self.outbound)
         self.clients = Clients(config, broker, core)
         cid = config.cluster_id
         self.discover_subject = f"{config.discover_prefix}.{cid}"
@@ -101,24 +98,20 @@ class StanServer:
         self.refused: collections.Counter[str] = collections.Counter()  # refused requests by kind
         self._restricts = broker.auth.restricts  # users have permissions: publishes are checked
         self._nursery: trio.Nursery | None = None
-        self._pipeline: Pipeline
-        self._engine: Engine
-        self._publish: Callable[[Publish], Awaitable[None] | None]
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Answer STAN requests until cancelled (start it after the core's `run`)."""
-        # The hot paths' lookups, once.
-        self._pipeline, self._engine, self._publish = self.core.pipeline, self.core.engine, self.core.publish
+        recovered = self.core.recovered_subscriptions()
         cid = self.config.cluster_id
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await nursery.start(self.clients.run)
             b = self.broker
             b.protect(f"{self.config.discover_prefix}.")  # internal already when under _STAN.
-            for recovered in self.core.recovered.subscriptions:
-                owner = self.clients.get(recovered.record.client_id)
+            for subscription in recovered:
+                owner = self.clients.get(subscription.client_id)
                 if owner is not None:
-                    self.clients.own(owner, recovered.record.inbox)
+                    self.clients.own(owner, subscription.inbox)
             b.subscribe(self.discover_subject, self._on_connect)
             b.subscribe(self.ping_subject, self._on_ping)
             partition = self.partition
@@ -131,15 +124,15 @@ class StanServer:
             if partition is not None:
                 b.subscribe(self.peers_subject, self._on_client_lookup)
                 b.subscribe(f"{self._found_prefix}.*", self._on_client_found)
-            for prefix in self._ack_prefixes(r.record.ack_inbox for r in self.core.recovered.subscriptions):
+            for prefix in self._ack_prefixes(r.ack_inbox for r in recovered):
                 b.subscribe(f"{prefix}.*", self._on_ack, runs=self._on_acks)
             b.add_span_listener(self.core)
             log.info(
                 "STAN cluster %r ready: %d channels, %d clients, %d subscriptions recovered",
                 self.config.cluster_id,
-                len(self.core.recovered.channels),
-                len(self.core.recovered.clients),
-                len(self.core.recovered.subscriptions),
+                self.core.recovered_channels(),
+                len(self.core.recovered_clients()),
+                len(recovered),
             )
             task_status.started()
 
@@ -244,9 +237,10 @@ class StanServer:
         wait = client = None
         last_conn_id = b""
         accepted: list[Publish] = []
-        # Per message, a publish of a known client to a channel it may use costs only its parse and
-        # its Publish; anything else takes the general path (`_checked`).
-        deleting, outbound, restricts = self._pipeline.deleting, self.outbound, self._restricts
+        # Per message, a publish of a known client costs only its parse and its Publish, unless the
+        # core may refuse it (permissions, a channel being deleted): then the general path (`_checked`).
+        core, outbound = self.core, self.outbound
+        checked = self._restricts or core.refusing
         for payload in payloads:
             try:
                 message, channel, guid, stored_reply = parse_publish(payload)
@@ -260,20 +254,20 @@ class StanServer:
                     self._own_ack_inbox(client, reply)
             if partitioned and (client is None or self._late):
                 if accepted:  # in order: what this run accepted so far goes first
-                    wait = self.core.publish_many(accepted, reply) or wait
+                    wait = core.publish_many(accepted, reply) or wait
                     accepted = []
                 wait = self._wait_for_publisher(message, reply, sender, client) or wait
                 continue
             if client is None:
                 self._respond(reply, pb.PubAck(guid=guid, error=errors.INVALID_PUBLISH), sender)
-            elif restricts or channel in deleting:
+            elif checked:
                 publish = self._checked(message, reply, sender)
                 if publish is not None:
                     accepted.append(publish)
             else:
                 accepted.append(Publish(channel, message.data, stored_reply, guid, reply, outbound))
         if accepted:
-            wait = self.core.publish_many(accepted, reply) or wait
+            wait = core.publish_many(accepted, reply) or wait
         return wait
 
     def _publisher(self, message: pb.PubMsg, conn_id: bytes, sender: int) -> Client | None:
@@ -325,7 +319,7 @@ class StanServer:
         """Queue one publish of a known client, or answer why not (partitioned: one that waited)."""
         self._own_ack_inbox(client, reply)
         publish = self._checked(message, reply, sender)
-        return None if publish is None else self._publish(publish)
+        return None if publish is None else self.core.publish_many([publish], reply)
 
     def _own_ack_inbox(self, client: Client, reply: str) -> None:
         """A publisher's PubAck inbox is for its connection only."""
@@ -336,15 +330,9 @@ class StanServer:
         """The publish to queue for a known client's `message`, or None once its refusal is answered
         (its channel is being deleted, or its user may not publish there)."""
         channel = message.subject
-        error = ""
-        if channel in self._pipeline.deleting:
-            error = errors.CHANNEL_BEING_DELETED
-        elif self._restricts:
-            permissions = self.broker.permissions(sender)
-            if permissions is not None and not permissions.may_publish(channel):
-                error = errors.not_permitted("publish", channel)
-        if error:
-            self._respond(reply, pb.PubAck(guid=message.guid, error=error), sender)
+        refusal = self.core.refusal(channel, "publish", self.broker.permissions(sender))
+        if refusal is not None:
+            self._respond(reply, pb.PubAck(guid=message.guid, error=str(refusal)), sender)
             return None
         return Publish(channel, message.data, message.reply, message.guid, reply, self.outbound)
 
@@ -354,7 +342,7 @@ class StanServer:
     def _on_acks(self, subject: str, reply: str, payloads: list[bytes]) -> None:
         """Acks sent to one subscription's ack inbox, one or a run of them from one connection: the
         sender is checked once, and the acks go to the engine together (one fill of the subscription)."""
-        target = self._engine.ack_target(subject)
+        target = self.core.ack_target(subject)
         if target is None:
             return
         sub_id, client_id = target
@@ -363,6 +351,7 @@ class StanServer:
         if client is None or (client.conn != sender and self.clients.acting_for(client_id, sender) is None):
             return  # not its subscription's connection: acks are never taken for another client
         decode = pb.Ack.FromString
+        core = self.core
         seqs: list[int] = []
         for payload in payloads:
             try:
@@ -372,13 +361,13 @@ class StanServer:
                 continue
             if ack.inProgress:
                 if seqs:  # in their order: acks before it settle first
-                    self._pipeline.ack_many(sub_id, seqs)
+                    core.ack_many(sub_id, seqs)
                     seqs = []
-                self._pipeline.ack_progress(sub_id, ack.sequence)
+                core.ack_progress(sub_id, ack.sequence)
             else:
                 seqs.append(ack.sequence)
         if seqs:
-            self._pipeline.ack_many(sub_id, seqs)
+            core.ack_many(sub_id, seqs)
 
     # -- subscriptions ---------------------------------------------------------------------------
 
@@ -463,12 +452,12 @@ class StanServer:
             client = self.clients.acting_for(request.client_id, sender)
             if client is None:
                 raise RequestError(errors.UNKNOWN_CLIENT)
-            permissions = self.broker.permissions(sender)
-            if permissions is not None and not permissions.may_subscribe(request.channel):
-                raise RequestError(errors.not_permitted("subscribe", request.channel))
+            refusal = core.refusal(request.channel, "subscribe", self.broker.permissions(sender))
+            if refusal is not None:
+                raise refusal
             self.clients.own(client, request.inbox)
             await core.ensure_channel(request.channel)
-            if core.store_write_error() is not None and core.engine.creates_durable(request):
+            if core.store_write_error() is not None and core.creates_durable(request):
                 # It could not be made durable: a crash would lose it, and with it its position.
                 raise RequestError(errors.store_error(StoreFullError("new durable subscription")))
 
@@ -476,7 +465,7 @@ class StanServer:
                 self._respond(reply, pb.SubscriptionResponse(ackInbox=ack_inbox), sender)
                 log.debug("subscription %d on %r for %r", sub_id, request.channel, request.client_id)
 
-            core.pipeline.subscribe(request, answer)
+            core.subscribe(request, answer)
         except (InvalidRequest, RequestError) as exc:
             self._respond(reply, pb.SubscriptionResponse(error=str(exc)), sender)
         except StoreError as exc:
@@ -485,22 +474,18 @@ class StanServer:
 
     def _on_unsubscribe(self, subject: str, reply: str, payload: bytes, *, close: bool) -> None:
         # Synchronous, so acks that arrived before it on this connection were applied first.
-        engine = self.core.engine
+        core = self.core
         sender = self.broker.sender
         try:
             request = parse_unsubscribe(payload)
             if self.partition is not None and not self.partition.owns(request.subject):
                 return  # another server's channel: that server answers
-            try:
-                known = self.core.store.channel_info(request.subject) is not None
-            except ChannelError:
-                known = False
-            if not known:
+            if core.channel_info(request.subject) is None:
                 raise RequestError(errors.UNKNOWN_CHANNEL)
-            sub_id = engine.sub_for_ack_inbox(request.inbox)
-            if sub_id is None:
-                sub_id = self._by_delivery_inbox(request.clientID, request.subject, request.inbox)
-            record = engine.subscription(sub_id) if sub_id is not None else None
+            target = core.ack_target(request.inbox)
+            # After a subscribe timeout stan.go closes by delivery inbox.
+            sub_id = target[0] if target is not None else core.online_subscription(request.subject, request.inbox)
+            record = core.subscription(sub_id) if sub_id is not None else None
             if sub_id is None or record is None or record.channel != request.subject:
                 raise RequestError(errors.INVALID_SUBSCRIPTION)
             if record.client_id != request.clientID or self.clients.acting_for(request.clientID, sender) is None:
@@ -508,14 +493,5 @@ class StanServer:
         except (InvalidRequest, RequestError) as exc:
             self._respond(reply, pb.SubscriptionResponse(error=str(exc)), sender)
             return
-        self.core.pipeline.unsubscribe(sub_id, close=close)
+        core.unsubscribe(sub_id, close=close)
         self._respond(reply, pb.SubscriptionResponse(), sender)
-
-    def _by_delivery_inbox(self, client_id: str, channel: str, inbox: str) -> int | None:
-        # After a subscribe timeout stan.go closes by delivery inbox; rare, so a scan is fine.
-        engine = self.core.engine
-        for sub_id in engine.subscriptions():
-            record = engine.subscription(sub_id)
-            if record is not None and record.inbox == inbox and record.channel == channel and engine.is_online(sub_id):
-                return sub_id
-        return None

@@ -15,6 +15,7 @@ import trio
 from streaming.bayeux import channels
 from streaming.bayeux import protocol as bx
 from streaming.client import connect
+from streaming.core.door_api import Ticket
 from streaming.core.outbound import Publish
 from streaming.running import Running
 from tests.bayeux.harness import MAX_INTERVAL_S, TIMEOUT_S, bayeux_config, raw_client
@@ -326,10 +327,7 @@ async def test_a_session_without_the_extension_gets_its_messages_with_no_batch_n
 async def test_a_message_that_is_not_json_reaches_bayeux_as_text_or_base64(server: Running) -> None:
     async with raw_client(server.http_api_port) as sub:
         await sub.subscriber("/raw/bytes")
-        core = server.core
-        for data in (b"plain words", b"\xff\x00binary"):
-            core.publish(Publish("raw.bytes", data, "", "g", "", None))
-        await core.flush_publishes()
+        await server.api.publish_and_wait([Publish("raw.bytes", data) for data in (b"plain words", b"\xff\x00binary")])
         deliveries, _ = await sub.connect(1)
         assert [(d["data"], d["ext"].get("encoding")) for d in deliveries] == [
             ("plain words", "text"),
@@ -365,19 +363,20 @@ async def test_publishes_around_a_subscribe_in_one_request_are_all_stored_before
     before it be committed; those after it must still be committed before the request is answered."""
     door = server.bayeux
     assert door is not None
-    unstored: list[int] = []
+    unstored: list[Ticket] = []
     handle = door.handle
     submit = door._submit
-    runs: list[list[Publish]] = []
+    tickets: list[Ticket] = []
 
-    async def submitting(staged: list[Publish]) -> None:
-        runs.append(staged.copy())
-        await submit(staged)
+    async def submitting(staged: Any) -> Any:
+        submitted = await submit(staged)
+        tickets.append(submitted[0])
+        return submitted
 
     async def handling(messages: list[Any], permissions: Any = None) -> list[dict[str, Any] | bytes]:
         answer = await handle(messages, permissions)
-        unstored.extend(p.seq for run in runs for p in run if not p.seq)
-        runs.clear()
+        unstored.extend(ticket for ticket in tickets if not ticket.done)
+        tickets.clear()
         return answer
 
     monkeypatch.setattr(door, "_submit", submitting)

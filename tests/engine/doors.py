@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 
 from streaming.core.engine import Delivery
-from streaming.core.outbound import Publish
+from streaming.core.outbound import Outcome, Publish
 
 
 class RecordingDoor:
@@ -35,10 +35,9 @@ class RecordingDoor:
         if self._on_deliver is not None:
             self._on_deliver(deliveries)
 
-    def published(self, publishes: Sequence[Publish], errors: dict[int, Exception]) -> None:
-        for p in publishes:
-            error = errors.get(id(p))
-            self.acks.append((p.guid, "" if error is None else str(error)))
+    def published(self, publishes: Sequence[Publish], outcomes: Sequence[Outcome]) -> None:
+        for p, outcome in zip(publishes, outcomes, strict=True):
+            self.acks.append((p.guid, str(outcome) if isinstance(outcome, Exception) else ""))
 
     def holding(self) -> AbstractContextManager[None]:
         return nullcontext()

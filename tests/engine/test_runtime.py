@@ -26,6 +26,7 @@ from storage import (
     SubOptions,
     SubUpdate,
 )
+from streaming.core.door_api import DoorApi
 from streaming.core.engine import Engine, Reason, SubscribeRequest
 from streaming.core.outbound import Publish
 from streaming.core.pipeline import Pipeline
@@ -354,7 +355,7 @@ async def test_subscription_writes_start_at_the_end_of_a_publish_commit(autojump
             assert w.ack(sub, seq)
         await trio.sleep(0.011)  # the linger is over: the write waits for a commit...
         assert not writes
-        assert w.core.publish(Publish("bar", b"x", "", "", "")) is None
+        assert DoorApi(w.core).publish_many([Publish("bar", b"x")], "test") is None
         await trio.lowlevel.checkpoint()
         await w.runtime.flush()
         assert [(round(t - start, 6), n) for t, n in writes] == [(0.011, 5)], "...and starts as it ends"
