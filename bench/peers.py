@@ -23,7 +23,7 @@ from typing import Any
 
 import attrs
 
-from streaming.event_schema import each_event
+from streaming.observability.event_schema import each_event
 
 SYSTEMS = ("ours", "jetstream", "jetstream_sync", "redis")
 

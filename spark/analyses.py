@@ -14,7 +14,7 @@ import attrs
 from pyspark.sql import Column, DataFrame, GroupedData, Window
 from pyspark.sql import functions as F
 
-from streaming.event_schema import DELIVERY_REASONS
+from streaming.observability.event_schema import DELIVERY_REASONS
 
 KEY = ["channel", "consumer"]
 REDELIVERY_REASONS = [r for r in DELIVERY_REASONS if r != "new"]

@@ -1,4 +1,4 @@
-"""Reading the delivery event log into Spark: the explicit schema (from `streaming.event_schema`), the
+"""Reading the delivery event log into Spark: the explicit schema (from `streaming.observability.event_schema`), the
 split into events the analyses use and lines that are counted and reported as bad, and a run's line
 (`last_seq`) spelt out as one event per sequence, so the analyses see events only."""
 
@@ -14,7 +14,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, DoubleType, LongType, StringType, StructField, StructType
 
-from streaming.event_schema import DELIVERY_REASONS, EVENTS, FIELDS, MAX_RUN, REQUIRED, RUN_EVENTS
+from streaming.observability.event_schema import DELIVERY_REASONS, EVENTS, FIELDS, MAX_RUN, REQUIRED, RUN_EVENTS
 
 CORRUPT = "_corrupt_record"
 

@@ -1,5 +1,5 @@
 """Synthetic delivery event logs with a known shape, for the Spark tests and `bench/spark_scale.py`:
-lines in the server's own format (`streaming.event_schema`), written fast enough for millions."""
+lines in the server's own format (`streaming.observability.event_schema`), written fast enough for millions."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from streaming.event_schema import FIELDS
+from streaming.observability.event_schema import FIELDS
 
 SECOND = 1_000_000  # microseconds
 

@@ -7,21 +7,13 @@ much to build, and that shows on the delivery hot path.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import attrs
 
-
-class StartPosition(enum.IntEnum):
-    """Where a new subscription starts (numbers are the STAN protobuf enum values)."""
-
-    NEW_ONLY = 0
-    LAST_RECEIVED = 1
-    TIME_DELTA_START = 2
-    SEQUENCE_START = 3
-    FIRST = 4
+# The one definition of the wire's start positions, which the store persists with each subscription.
+from streaming.wire.positions import StartPosition as StartPosition
 
 
 class MessageToAppend(Protocol):

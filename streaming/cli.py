@@ -21,9 +21,9 @@ import trio
 
 from storage import DamagedStoreError, StoreError
 from streaming.config import ConfigError, ServerConfig, load, merged, parse_bool, parse_duration, parse_size
-from streaming.stan.nats_link import LinkError
+from streaming.nats.link import LinkError
+from streaming.security.tls import TlsError, server_context
 from streaming.stan.partitions import PartitionConflict
-from streaming.tls import TlsError, server_context
 from streaming.workers import WorkerPlan, WorkersError, forwarded_arguments, supervise
 
 log = logging.getLogger("streaming")

@@ -18,10 +18,10 @@ from cattrs.gen import make_dict_structure_fn
 from cattrs.v import format_exception
 
 from storage import VERIFY_MODES, ChannelLimits, StoreLimits
-from streaming.auth import Authenticator, User
-from streaming.permissions import Permissions, Rule
+from streaming.security.auth import Authenticator, User
+from streaming.security.permissions import Permissions, Rule
+from streaming.security.tls import TlsFiles
 from streaming.stan.partitions import parse_hash_partition
-from streaming.tls import TlsFiles
 from streaming.wire.urls import parse_urls
 
 Duration = NewType("Duration", float)

@@ -11,7 +11,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 from starlette.applications import Starlette
 
-from streaming.tls import TlsFiles
+from streaming.security.tls import TlsFiles
 
 
 async def serve_asgi(

@@ -8,12 +8,12 @@ from storage import Store
 from streaming.bayeux.door import BayeuxDoor
 from streaming.core.door_api import DoorApi
 from streaming.core.service import Core
-from streaming.event_log import EventLog
+from streaming.nats.broker import Broker
+from streaming.nats.bus import Bus
+from streaming.observability.event_log import EventLog
 from streaming.pull.door import PullDoor
-from streaming.stan.broker import Broker
-from streaming.stan.bus import Bus
+from streaming.stan.door import StanDoor
 from streaming.stan.partitions import Partition
-from streaming.stan.server import StanServer
 
 
 @attrs.define
@@ -24,7 +24,7 @@ class Running:
     bus: Bus  # the embedded broker, or the link to an external NATS cluster
     core: Core
     api: DoorApi  # what the front doors use of the core
-    stan: StanServer
+    stan: StanDoor
     store: Store
     http_port: int = 0  # the monitoring port, when one is served
     event_log: EventLog | None = None

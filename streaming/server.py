@@ -18,8 +18,6 @@ import trio
 from starlette.applications import Starlette
 
 from storage import Store, StoreError, open_store
-from streaming import http_auth
-from streaming.auth import NkeySeed, read_creds
 from streaming.bayeux.door import BayeuxDoor
 from streaming.bayeux.http import BayeuxApp
 from streaming.bayeux.protocol import BayeuxSettings
@@ -28,21 +26,23 @@ from streaming.core.door_api import DoorApi
 from streaming.core.observers import Fanout
 from streaming.core.service import Core
 from streaming.core.store_calls import call_store
-from streaming.event_log import EventLog
 from streaming.http_listener import serve_asgi
-from streaming.metrics import Metrics
-from streaming.monitor import Monitor, serve_monitor
+from streaming.nats.broker import Broker, BrokerConfig
+from streaming.nats.bus import Bus
+from streaming.nats.link import LinkOptions, NatsLink
+from streaming.observability.event_log import EventLog
+from streaming.observability.metrics import Metrics
+from streaming.observability.monitor import Monitor
 from streaming.pull.door import PullDoor
 from streaming.pull.http import PullApp
 from streaming.pull.protocol import PullSettings
 from streaming.running import Running
-from streaming.stan.broker import Broker, BrokerConfig
-from streaming.stan.bus import Bus
+from streaming.security import http_auth
+from streaming.security.auth import NkeySeed, read_creds
+from streaming.security.tls import TlsFiles, client_context, server_context
 from streaming.stan.config import StanConfig
-from streaming.stan.nats_link import LinkOptions, NatsLink
+from streaming.stan.door import StanDoor
 from streaming.stan.partitions import Claims, Partition, parse_hash_partition
-from streaming.stan.server import StanServer
-from streaming.tls import client_context, server_context
 from streaming.wire.urls import parse_urls
 
 log = logging.getLogger(__name__)
@@ -178,7 +178,7 @@ async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] =
             recovery_hold_s=config.recovery_hold,
         )
         api = DoorApi(core)
-        stan = StanServer(stan_config(config), bus, api, partition)
+        stan = StanDoor(stan_config(config), bus, api, partition)
         bayeux = BayeuxDoor(api, bayeux_settings(config)) if config.http_api_port else None
         pull = PullDoor(api, pull_settings(config)) if config.http_api_port else None
         async with trio.open_nursery() as nursery:
@@ -246,6 +246,22 @@ async def serve_http_api(
         log.info(
             "Listening for HTTP clients (Bayeux at %s, pull API at /channels) on %s:%d", bayeux_app.path, host, bound
         )
+        task_status.started(bound)
+
+
+async def serve_monitor(
+    monitor: Monitor,
+    host: str,
+    port: int,
+    tls: TlsFiles | None = None,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The monitoring listener, until cancelled (HTTPS with `tls`); `task_status` gets the bound port."""
+    serve = partial(serve_asgi, monitor.app, host, port, log_name="streaming.observability.monitor.http", tls=tls)
+    async with trio.open_nursery() as nursery:
+        bound: int = await nursery.start(serve)
+        log.info("Listening for HTTP monitoring on %s:%d", host, bound)
         task_status.started(bound)
 
 

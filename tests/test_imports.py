@@ -1,11 +1,16 @@
-"""What importing a package loads: the client library and the engine must not need LMDB."""
+"""What importing a package loads (the client library and the engine must not need LMDB), and that the
+layers contract names every module of the server."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def loaded_by(statement: str) -> set[str]:
@@ -23,7 +28,7 @@ def test_no_store_implementation_is_loaded(statement: str) -> None:
 
 def test_the_client_library_loads_nothing_of_the_server() -> None:
     loaded = loaded_by("import streaming.client")
-    assert not [m for m in loaded if m.startswith(("streaming.core", "streaming.stan", "streaming.server"))]
+    assert not [m for m in loaded if m.startswith(("storage", "streaming.core", "streaming.stan", "streaming.server"))]
 
 
 def test_lmdb_store_is_there_when_named() -> None:
@@ -35,3 +40,21 @@ def test_the_client_library_needs_none_of_the_servers_packages() -> None:
     """What a service that installs only the client (docs/client.md) must not need at import."""
     loaded = {m.split(".")[0] for m in loaded_by("import streaming.client")}
     assert not {"trio", "hypercorn", "starlette", "prometheus_client", "bcrypt", "lmdb", "cryptography"} & loaded
+
+
+def test_every_module_of_the_server_sits_in_a_layer() -> None:
+    """A module outside the layers contract could import anything: every one is named, or under a
+    package that is (the generated protobuf code is under `streaming.wire`); the packages whose modules
+    sit in different layers are named module by module."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (layers,) = [c["layers"] for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
+    named = {name.strip() for layer in layers for name in layer.split("|")}
+    unplaced = []
+    for path in sorted((ROOT / "streaming").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        parts = module.split(".")
+        if module not in ("streaming", "streaming.core", "streaming.observability") and not any(
+            ".".join(parts[:n]) in named for n in range(1, len(parts) + 1)
+        ):
+            unplaced.append(module)
+    assert unplaced == []

@@ -33,7 +33,7 @@ from streaming.bayeux import protocol as bx
 from streaming.core.door_api import DoorApi, Ticket
 from streaming.core.errors import ChannelBeingDeleted, NotPermitted, RequestError, StoreError
 from streaming.core.outbound import Delivery, Publish, SubscribeRequest
-from streaming.permissions import Compiled
+from streaming.security.permissions import Compiled
 
 log = logging.getLogger(__name__)
 

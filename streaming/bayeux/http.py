@@ -13,10 +13,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from streaming.auth import Authenticator
 from streaming.bayeux import protocol as bx
 from streaming.bayeux.door import BayeuxDoor
-from streaming.http_auth import permissions_of
+from streaming.security.auth import Authenticator
+from streaming.security.http_auth import permissions_of
 
 _JSON = "application/json;charset=UTF-8"
 

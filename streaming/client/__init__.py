@@ -1,6 +1,5 @@
 """The client library, on AnyIO (asyncio or Trio): `connect()` opens a STAN session (see streaming.client.stan)."""
 
-from storage.records import StartPosition
 from streaming.client.nats_conn import ConnectionClosedError, NatsConnection, NatsError, NatsMsg
 from streaming.client.stan import (
     Msg,
@@ -11,6 +10,7 @@ from streaming.client.stan import (
     Subscription,
     connect,
 )
+from streaming.wire.positions import StartPosition
 
 __all__ = [
     "ConnectionClosedError",

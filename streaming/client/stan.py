@@ -32,9 +32,9 @@ import anyio
 import anyio.lowlevel
 from google.protobuf.message import Message as ProtoMessage
 
-from storage.records import StartPosition  # one definition of the wire's start positions
 from streaming.client.dedup import AckFloor, RecentAcks
 from streaming.client.nats_conn import ConnectionClosedError, NatsConnection, NatsError, NatsMsg, new_inbox
+from streaming.wire.positions import StartPosition
 from streaming.wire.stan_pb import protocol_pb2 as pb
 
 log = logging.getLogger(__name__)

@@ -20,11 +20,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from streaming.auth import Authenticator
 from streaming.core.errors import NotPermitted, RequestError, StoreError
-from streaming.http_auth import permissions_of
 from streaming.pull import protocol as pp
 from streaming.pull.door import Conflict, PullConsumer, PullDoor
+from streaming.security.auth import Authenticator
+from streaming.security.http_auth import permissions_of
 
 _CHANNEL = re.compile(r"[^./*>\s]+(\.[^./*>\s]+)*")  # a literal NATS subject, as STAN channels are
 _CONTENT_TYPE = re.compile(r"[\x20-\x7e]{0,255}")  # what the store keeps (storage.codec)

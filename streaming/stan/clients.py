@@ -28,7 +28,7 @@ import trio
 from streaming.core import errors
 from streaming.core.door_api import DoorApi
 from streaming.core.outbound import ClientRecord
-from streaming.stan.bus import Bus
+from streaming.nats.bus import Bus
 from streaming.stan.config import StanConfig
 from streaming.wire.stan_pb import protocol_pb2 as pb
 

@@ -8,7 +8,7 @@ from contextlib import AbstractContextManager
 
 from streaming.core.errors import ChannelError, StoreError, store_error
 from streaming.core.outbound import Delivery, Outcome, Publish
-from streaming.stan.bus import Bus
+from streaming.nats.bus import Bus
 from streaming.wire.stan_pb import protocol_pb2 as pb
 
 

@@ -29,7 +29,7 @@ import attrs
 import trio
 
 from streaming.core.outbound import ClientRecord
-from streaming.stan.bus import Bus
+from streaming.nats.bus import Bus
 from streaming.wire.subjects import valid_subject
 
 log = logging.getLogger(__name__)

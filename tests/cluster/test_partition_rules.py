@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.peers import nats_cluster
-from streaming.auth import NkeySeed, _signed
+from streaming.security.auth import NkeySeed, _signed
 from streaming.stan.partitions import (
     Claim,
     HashPartition,

@@ -12,7 +12,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streaming.event_schema import EVENTS, FIELDS, MAX_RUN, each_event, problems
+from streaming.observability.event_schema import EVENTS, FIELDS, MAX_RUN, each_event, problems
 from tests.monitor.traffic import AUDIT, DLQ_CHANNEL, ORDERS, scripted_run
 from tests.wire.servers import config, running
 
@@ -131,7 +131,7 @@ def test_cached_lines_follow_each_events_own_fields(tmp_path: Path) -> None:
     """The per-subscription fast path must not reuse a first delivery's AckWait, attempt or reason
     for an event that differs from it, in a run or alone."""
     from streaming.core.engine import Acked, AckedRun, Delivered, DeliveredRun, Event, Reason, SubRef
-    from streaming.event_log import EventLog
+    from streaming.observability.event_log import EventLog
 
     log = EventLog(tmp_path)
     sub = SubRef("orders", 7, "client-a", queue_group="workers")
@@ -188,7 +188,7 @@ def test_runs_are_logged_as_their_messages_would_be(script: list[tuple[str, int,
     """A run of deliveries or acks stands for exactly the events its messages would, one by one, in
     order: as one line when its sequences follow one another, else as theirs."""
     from streaming.core.engine import AckedRun, DeliveredRun, Event, SubRef, per_message
-    from streaming.event_log import EventLog
+    from streaming.observability.event_log import EventLog
 
     subs = [SubRef("orders", 1, "a"), SubRef("orders", 2, "b", durable_name="d"), SubRef("x", 3, "c", queue_group="q")]
     events: list[Event] = []

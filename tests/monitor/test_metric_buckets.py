@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streaming.metrics import ACK_LATENCY_BUCKETS, _Buckets
+from streaming.observability.metrics import ACK_LATENCY_BUCKETS, _Buckets
 
 # Multiples of 1/1024 s: exact in binary floating point, so `now - start` carries no rounding and a
 # value that sits exactly on a bucket bound must land in the same bucket both ways.

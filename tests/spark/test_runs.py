@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 
 from spark.events import read
 from spark.synthetic import record, write
-from streaming.event_schema import MAX_RUN, each_event
+from streaming.observability.event_schema import MAX_RUN, each_event
 from tests.spark.logs import ack, deliver, s
 
 

@@ -25,10 +25,10 @@ import psutil
 import pytest
 import trio
 
-from streaming.auth import Authenticator, User, public_nkey
 from streaming.client import NatsError, StanError, StartPosition, connect
 from streaming.config import ConfigError, ServerConfig, load, merged
-from streaming.permissions import Permissions, Rule
+from streaming.security.auth import Authenticator, User, public_nkey
+from streaming.security.permissions import Permissions, Rule
 from streaming.wire import nats as p
 from tests.wire.servers import RawClient, config, nats_py_round_trip, running, server_process
 from tests.wire.test_peers import node, run_node

@@ -25,7 +25,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from streaming.permissions import Compiled, Permissions
+from streaming.security.permissions import Compiled, Permissions
 
 _BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
 _NKEY_USER = 20 << 3  # the prefix byte of a user's public nkey ("U...")

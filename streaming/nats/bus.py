@@ -1,7 +1,7 @@
 """What the STAN door needs from the NATS side: the `Bus` it subscribes to and publishes on.
 
-Two buses serve it: the embedded broker (streaming.stan.broker, the default: clients connect to this
-process) and a link to an external NATS server or cluster (streaming.stan.nats_link: the server is
+Two buses serve it: the embedded broker (streaming.nats.broker, the default: clients connect to this
+process) and a link to an external NATS server or cluster (streaming.nats.link: the server is
 one more client of that cluster, as nats-streaming-server is with `-ns`). The STAN layer cannot tell
 them apart but for what only the embedded broker can know: which client connection sent a message
 (`sender`, 0 on a link), which connections are open, and whether anybody listens on a subject. On a
@@ -20,8 +20,8 @@ from typing import Protocol
 import attrs
 import trio
 
-from streaming.auth import Authenticator
-from streaming.permissions import Compiled
+from streaming.security.auth import Authenticator
+from streaming.security.permissions import Compiled
 
 Handler = Callable[[str, str, bytes], Awaitable[None] | None]
 # Takes a run of messages on one subject with one reply, payloads in arrival order: a read's burst of

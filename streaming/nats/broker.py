@@ -45,10 +45,10 @@ from typing import Any
 import attrs
 import trio
 
-from streaming.auth import Authenticator
-from streaming.memory import release_freed_memory
-from streaming.permissions import Compiled
-from streaming.stan.bus import BusStatistics, Handler, RunHandler, SpanListener, handle_read
+from streaming.nats.bus import BusStatistics, Handler, RunHandler, SpanListener, handle_read
+from streaming.nats.memory import release_freed_memory
+from streaming.security.auth import Authenticator
+from streaming.security.permissions import Compiled
 from streaming.wire import nats as p
 from streaming.wire.sockets import write_now
 from streaming.wire.subjects import Sublist, valid_literal, valid_subject

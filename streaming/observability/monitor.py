@@ -14,10 +14,8 @@ import os
 import platform
 import resource
 import time
-from functools import partial
 from typing import Any
 
-import trio
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -26,11 +24,9 @@ from starlette.routing import Route
 
 from storage import ChannelInfo
 from streaming.core.engine import SubscriptionView
-from streaming.http_listener import serve_asgi
-from streaming.metrics import Metrics, version
+from streaming.nats.broker import Broker
+from streaming.observability.metrics import Metrics, version
 from streaming.running import Running
-from streaming.stan.broker import Broker
-from streaming.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 DEFAULT_LIMIT = 1024
@@ -293,20 +289,3 @@ class Monitor:
         else:
             body["names"] = [c.name for c in page]
         return JSONResponse(body)
-
-
-async def serve_monitor(
-    monitor: Monitor,
-    host: str,
-    port: int,
-    tls: TlsFiles | None = None,
-    *,
-    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Serve until cancelled (HTTPS with `tls`); `task_status` gets the bound port (useful with port 0)."""
-    async with trio.open_nursery() as nursery:
-        bound: int = await nursery.start(
-            partial(serve_asgi, monitor.app, host, port, log_name="streaming.monitor.http", tls=tls)
-        )
-        log.info("Listening for HTTP monitoring on %s:%d", host, bound)
-        task_status.started(bound)

@@ -1,4 +1,4 @@
-"""The delivery event log's schema, in one place: the writer (`streaming.event_log`), its test, the
+"""The delivery event log's schema, in one place: the writer (`streaming.observability.event_log`), its test, the
 README and the Spark jobs all take it from here.
 
 Every line is one JSON object with every field below (null where a field does not apply to the event).

@@ -1,4 +1,4 @@
-"""The delivery event log: JSON Lines (schema in `streaming.event_schema`) for the Spark jobs.
+"""The delivery event log: JSON Lines (schema in `streaming.observability.event_schema`) for the Spark jobs.
 
 The hot paths append one preformatted string per delivery event, or per run of first deliveries or
 acks (a few fragments cached per subscription), and one entry per channel per publish burst. A run

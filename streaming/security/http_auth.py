@@ -16,8 +16,8 @@ from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse, Response
 
-from streaming.auth import Authenticator
-from streaming.permissions import Compiled
+from streaming.security.auth import Authenticator
+from streaming.security.permissions import Compiled
 
 log = logging.getLogger(__name__)
 CHALLENGE = 'Basic realm="streaming", charset="UTF-8", Bearer realm="streaming"'

@@ -32,9 +32,9 @@ from functools import partial
 import attrs
 import trio
 
-from streaming.auth import Authenticator, NkeySeed
-from streaming.permissions import Compiled
-from streaming.stan.bus import BusStatistics, Handler, RunHandler, SpanListener, handle_read
+from streaming.nats.bus import BusStatistics, Handler, RunHandler, SpanListener, handle_read
+from streaming.security.auth import Authenticator, NkeySeed
+from streaming.security.permissions import Compiled
 from streaming.wire import nats as p
 from streaming.wire.sockets import write_now
 from streaming.wire.urls import ServerUrl, discovered
@@ -67,7 +67,7 @@ class LinkOptions:
 
 
 class NatsLink:
-    """The bus (streaming.stan.bus) over one client connection to an external NATS cluster."""
+    """The bus (streaming.nats.bus) over one client connection to an external NATS cluster."""
 
     def __init__(self, options: LinkOptions) -> None:
         if not options.urls:

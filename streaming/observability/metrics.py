@@ -33,10 +33,10 @@ from streaming.core.engine import (
     MemberLeft,
     Reason,
 )
+from streaming.nats.broker import PROTOCOL_ERROR_KINDS
 from streaming.pull.door import PullStatistics
 from streaming.running import Running
-from streaming.stan.broker import PROTOCOL_ERROR_KINDS
-from streaming.stan.server import REFUSAL_KINDS
+from streaming.stan.door import REFUSAL_KINDS
 
 PREFIX = "streaming"
 # Ack latency reaches past the largest AckWait users set (minutes), so late acks land in a bucket.

@@ -42,7 +42,7 @@ from streaming.core import errors
 from streaming.core.door_api import DoorApi
 from streaming.core.errors import RequestError, StoreError, StoreFullError
 from streaming.core.outbound import ClientRecord, Publish
-from streaming.stan.bus import Bus
+from streaming.nats.bus import Bus
 from streaming.stan.clients import Client, Clients, nuid
 from streaming.stan.config import StanConfig
 from streaming.stan.outbound import StanOutbound
@@ -67,12 +67,12 @@ _REFUSAL_KINDS: dict[type, str] = {
     pb.PingResponse: "stan_ping",
     pb.PubAck: "stan_publish",
 }
-REFUSAL_KINDS = tuple(_REFUSAL_KINDS.values())  # every key of StanServer.refused
+REFUSAL_KINDS = tuple(_REFUSAL_KINDS.values())  # every key of StanDoor.refused
 LATE_CLIENT_WAIT_S = 2.0  # partitioned: how long a request waits for its client's connect here
 LOOKUP_AFTER_S = 0.2  # partitioned: then the other servers are asked whether they know the client
 
 
-class StanServer:
+class StanDoor:
     def __init__(self, config: StanConfig, broker: Bus, core: DoorApi, partition: Partition | None = None) -> None:
         self.config = config
         self.partition = partition
