@@ -24,8 +24,8 @@ The broker also keeps the server's own subjects to the server (see docs/security
 - *reserved* subjects (a STAN client's inboxes: `reserve`) belong to one connection: what the server
   sends there reaches that connection only (or, while its owner is away, only literal subscriptions
   of the subject, as a reconnecting client makes), and a client's PUB to one is refused;
-- `publish(..., to=cid)` answers a request to the connection that sent it only, and `sender` is the
-  connection whose message is being handled (0: none), for the STAN layer's checks.
+- `publish(..., to=cid)` answers a request to the connection that sent it only, and every handler is
+  given the sending connection's `Origin` (its id, user and permissions), for the STAN layer's checks.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from typing import Any
 import attrs
 import trio
 
-from streaming.nats.bus import BusStatistics, Handler, RunHandler, SpanListener, handle_read
+from streaming.nats.bus import UNKNOWN_ORIGIN, BusStatistics, Handler, Origin, RunHandler, SpanListener, handle_read
 from streaming.nats.memory import release_freed_memory
 from streaming.security.auth import Authenticator
 from streaming.security.permissions import Compiled
@@ -143,8 +143,7 @@ class Connection:
         self.abort = False  # close at once, without waiting for queued bytes to go out (a slow consumer)
         self.connected = trio.Event()  # CONNECT received (and its credentials, when asked for, right)
         self.authorized = not broker.auth.required  # nothing but CONNECT is taken until it is
-        self.user = ""  # who its CONNECT proved to be
-        self.permissions: Compiled | None = None  # what that user may publish and subscribe to (None: all)
+        self.origin = Origin(cid)  # who it is, as handlers are told (its user once its CONNECT proves it)
         self.nonce = secrets.token_urlsafe(11) if broker.auth.wants_nonce else ""  # for an nkey to sign
         self.verbose = False
         self.pedantic = False
@@ -246,7 +245,6 @@ class Broker:
         self._disconnect_hooks: list[Callable[[int], None]] = []
         self._internal: tuple[str, ...] = (_INTERNAL,)
         self._reserved: dict[str, int] = {}  # subject -> owning connection (0: away)
-        self.sender = 0  # the connection whose message is being handled (0: none, or in-process)
         self._run_rest = 0  # how many PUBs after the one `_on_pub` handled went with it, as a run
         self.holding = 0  # depth of `holding_writes` blocks
         self.held: list[Connection] = []  # connections with bytes queued inside them
@@ -405,7 +403,7 @@ class Broker:
             conn = sub.conn
             if conn is None:
                 assert sub.handler is not None
-                result = sub.handler(subject, reply, payload)
+                result = sub.handler(subject, reply, payload, UNKNOWN_ORIGIN if origin is None else origin.origin)
                 if result is not None:
                     if waits is _NO_WAITS:
                         waits = []
@@ -680,8 +678,7 @@ class Broker:
             self._refuse(conn, f"bad credentials (user {str(event.options.get('user', ''))[:64]!r})")
             return
         conn.authorized = True
-        conn.user = user
-        conn.permissions = self.auth.permissions(user)
+        conn.origin = Origin(conn.cid, user, self.auth.permissions(user))
         self._on_control(conn, event)
 
     def _refuse(self, conn: Connection, why: str) -> None:
@@ -701,27 +698,24 @@ class Broker:
             return []
         if conn.verbose:
             conn.send(p.OK_BYTES)
-        permissions = conn.permissions
+        origin = conn.origin
+        permissions = origin.permissions
         if permissions is not None and not self.internal(event.subject) and not permissions.may_publish(event.subject):
             self._violation(conn, "Publish", event.subject)
             return []
-        self.sender = conn.cid
-        try:
-            subs = self._sublist.match(event.subject)
-            if len(subs) == 1 and subs[0].runs is not None and budget and not conn.verbose:
-                payloads = [event.payload]
-                more = parser.repeats(budget)
-                if more:
-                    # The same subject, reply and connection: everything checked above holds for each.
-                    self._run_rest = len(more)
-                    self.in_msgs += len(more)
-                    self.in_bytes += len(event.payload) * len(more)
-                    payloads += more
-                result = subs[0].runs(event.subject, event.reply, payloads)
-                return _NO_WAITS if result is None else [result]
-            return self._route(event.subject, event.reply, event.payload, conn, subs)
-        finally:
-            self.sender = 0
+        subs = self._sublist.match(event.subject)
+        if len(subs) == 1 and subs[0].runs is not None and budget and not conn.verbose:
+            payloads = [event.payload]
+            more = parser.repeats(budget)
+            if more:
+                # The same subject, reply and connection: everything checked above holds for each.
+                self._run_rest = len(more)
+                self.in_msgs += len(more)
+                self.in_bytes += len(event.payload) * len(more)
+                payloads += more
+            result = subs[0].runs(event.subject, event.reply, payloads, origin)
+            return _NO_WAITS if result is None else [result]
+        return self._route(event.subject, event.reply, event.payload, conn, subs)
 
     def _on_control(self, conn: Connection, event: p.Event) -> None:
         if isinstance(event, p.Ping):
@@ -733,7 +727,7 @@ class Broker:
                 conn.send(p.encode_err(p.INVALID_SUBJECT))
                 self.protocol_errors["invalid_subject"] += 1
                 return
-            permissions = conn.permissions
+            permissions = conn.origin.permissions
             if self.internal(event.subject) or (
                 permissions is not None and not permissions.may_subscribe(event.subject)
             ):
@@ -770,11 +764,6 @@ class Broker:
         """nats-server's answer to a publish or subscription the connection may not make (it stays open)."""
         conn.send(p.encode_err(f'{p.PERMISSIONS_VIOLATION} for {what} to "{subject}"'))
         self.protocol_errors["permissions"] += 1
-
-    def permissions(self, cid: int) -> Compiled | None:
-        """What connection `cid`'s user may publish and subscribe to (None: anything, or no such)."""
-        conn = self._conns.get(cid)
-        return None if conn is None else conn.permissions
 
     def _remove(self, conn: Connection, sid: str) -> None:
         gone = conn.subs.pop(sid, None)

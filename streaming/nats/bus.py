@@ -4,10 +4,10 @@ Two buses serve it: the embedded broker (streaming.nats.broker, the default: cli
 process) and a link to an external NATS server or cluster (streaming.nats.link: the server is
 one more client of that cluster, as nats-streaming-server is with `-ns`). The STAN layer cannot tell
 them apart but for what only the embedded broker can know: which client connection sent a message
-(`sender`, 0 on a link), which connections are open, and whether anybody listens on a subject. On a
-link those questions have cautious answers (nobody known, everybody might be listening), and what
-the embedded broker enforces itself (internal and reserved subjects, permissions) is the cluster's
-job, through its own permissions (docs/security.md).
+(the `Origin` every handler is given: on a link, `UNKNOWN_ORIGIN`), which connections are open, and
+whether anybody listens on a subject. On a link those questions have cautious answers (nobody known,
+everybody might be listening), and what the embedded broker enforces itself (internal and reserved
+subjects, permissions) is the cluster's job, through its own permissions (docs/security.md).
 """
 
 from __future__ import annotations
@@ -23,12 +23,27 @@ import trio
 from streaming.security.auth import Authenticator
 from streaming.security.permissions import Compiled
 
-Handler = Callable[[str, str, bytes], Awaitable[None] | None]
-# Takes a run of messages on one subject with one reply, payloads in arrival order: a read's burst of
-# acks to one ack inbox, or of publishes to one channel, in one call. It may return an awaitable, as a
-# Handler may, which the reader awaits after the whole run (a bound it keeps, like back-pressure on the
-# commit queue, is then exceeded by at most one run).
-RunHandler = Callable[[str, str, list[bytes]], Awaitable[None] | None]
+
+@attrs.frozen
+class Origin:
+    """Who sent a message an in-process handler is given: one per client connection, made when its
+    CONNECT is admitted, and handed to every handler with the message (nothing is read from the bus
+    afterwards, so it stays right across a handler's awaits)."""
+
+    conn: int = 0  # the client connection (0: unknown, as on a link, or the server itself)
+    user: str = ""  # who its CONNECT proved to be ("" without authentication)
+    permissions: Compiled | None = None  # what that user may publish and subscribe to (None: all)
+
+
+UNKNOWN_ORIGIN = Origin()
+
+# Takes (subject, reply, payload, origin).
+Handler = Callable[[str, str, bytes, Origin], Awaitable[None] | None]
+# Takes a run of messages on one subject with one reply from one origin, payloads in arrival order: a
+# read's burst of acks to one ack inbox, or of publishes to one channel, in one call. It may return an
+# awaitable, as a Handler may, which the reader awaits after the whole run (a bound it keeps, like
+# back-pressure on the commit queue, is then exceeded by at most one run).
+RunHandler = Callable[[str, str, list[bytes], Origin], Awaitable[None] | None]
 
 
 class SpanListener(Protocol):
@@ -92,7 +107,6 @@ class Bus(Protocol):
     return an awaitable that the reader awaits before reading on."""
 
     server_id: str
-    sender: int  # the client connection whose message is being handled (0: unknown, or none)
     auth: Authenticator  # who the bus itself lets in (on a link: nobody is checked here)
     slow_consumers: int
     protocol_errors: collections.Counter[str]
@@ -132,7 +146,5 @@ class Bus(Protocol):
     def has_interest(self, subject: str) -> bool: ...
 
     async def wait_interest(self, subjects: list[str]) -> None: ...
-
-    def permissions(self, cid: int) -> Compiled | None: ...
 
     def statistics(self) -> BusStatistics: ...

@@ -12,7 +12,8 @@ connect to any node, and the cluster's subject routing brings their STAN request
   in operator mode), a TLS client certificate.
 - Each chunk read from the socket is one input span, as on the embedded broker, so the acks of one
   read are applied together; handlers run in the reader, in order, and an awaitable one returns is
-  awaited before reading on.
+  awaited before reading on. A link cannot tell which client sent a message: handlers are given
+  `UNKNOWN_ORIGIN`.
 - Writes are coalesced: what a span sends leaves in one non-blocking write at its end, and a writer
   task sends what the socket did not take. While disconnected nothing can be sent, and nothing is
   buffered: a delivery comes back after its AckWait, a publisher re-sends a publish whose PubAck it
@@ -32,9 +33,8 @@ from functools import partial
 import attrs
 import trio
 
-from streaming.nats.bus import BusStatistics, Handler, RunHandler, SpanListener, handle_read
+from streaming.nats.bus import UNKNOWN_ORIGIN, BusStatistics, Handler, RunHandler, SpanListener, handle_read
 from streaming.security.auth import Authenticator, NkeySeed
-from streaming.security.permissions import Compiled
 from streaming.wire import nats as p
 from streaming.wire.sockets import write_now
 from streaming.wire.urls import ServerUrl, discovered
@@ -74,7 +74,6 @@ class NatsLink:
             raise ValueError("no NATS server URL")
         self.options = options
         self.server_id = ""  # the node connected to, from its INFO
-        self.sender = 0  # a link cannot tell which client sent a message
         self.auth = Authenticator()  # the cluster checks who connects, not this process
         self.slow_consumers = 0
         self.protocol_errors: collections.Counter[str] = collections.Counter()
@@ -186,9 +185,6 @@ class NatsLink:
         """Whether anybody listens is unknown; but nothing reaches anybody before the link is up (a
         restart's recovered messages wait for it, rather than being dropped)."""
         await self._up.wait()
-
-    def permissions(self, cid: int) -> Compiled | None:
-        return None
 
     def statistics(self) -> BusStatistics:
         return BusStatistics(
@@ -449,7 +445,7 @@ class NatsLink:
                     self.in_bytes += len(event.payload) * len(more)
                     payloads += more
                     try:
-                        result = runs(event.subject, event.reply, payloads)
+                        result = runs(event.subject, event.reply, payloads, UNKNOWN_ORIGIN)
                     except Exception:
                         log.exception("handling messages on %s failed", event.subject)
                         continue
@@ -457,7 +453,7 @@ class NatsLink:
                         return [_logging_failure(result, event.subject)], True
                     continue
                 try:
-                    result = sub[2](event.subject, event.reply, event.payload)
+                    result = sub[2](event.subject, event.reply, event.payload, UNKNOWN_ORIGIN)
                 except Exception:
                     log.exception("handling a message on %s failed", event.subject)
                     continue

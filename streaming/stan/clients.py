@@ -28,7 +28,7 @@ import trio
 from streaming.core import errors
 from streaming.core.door_api import DoorApi
 from streaming.core.outbound import ClientRecord
-from streaming.nats.bus import Bus
+from streaming.nats.bus import Bus, Origin
 from streaming.stan.config import StanConfig
 from streaming.wire.stan_pb import protocol_pb2 as pb
 
@@ -228,12 +228,12 @@ class Clients:
         finally:
             del self._replies[token]
 
-    def _on_reply(self, subject: str, reply: str, payload: bytes) -> None:
+    def _on_reply(self, subject: str, reply: str, payload: bytes, origin: Origin) -> None:
         waiting = self._replies.get(subject.rsplit(".", 1)[-1])
         if waiting is None:
             return
         channel, client = waiting
-        if self._broker.sender != client.conn:
+        if origin.conn != client.conn:
             log.info("ignored a heartbeat answer for client %r from another connection", client.record.client_id)
             return
         with contextlib.suppress(trio.WouldBlock):  # a second answer to one heartbeat
@@ -282,13 +282,14 @@ class Clients:
             if client is not None and not self._broker.has_interest(subject):
                 client.poke.set()
 
-    def ping(self, payload: bytes) -> str:
-        """A client's ping: "" if its connID is registered, else the error for its PingResponse."""
+    def ping(self, payload: bytes, conn: int) -> str:
+        """A client's ping, from connection `conn`: "" if its connID is registered, else the error for
+        its PingResponse."""
         try:
             ping = pb.Ping.FromString(payload)
         except Exception:
             return errors.CLIENT_REPLACED
-        client = self.proven(bytes(ping.connID), self._broker.sender)
+        client = self.proven(bytes(ping.connID), conn)
         if client is None:
             return errors.CLIENT_REPLACED
         if client.failures:

@@ -42,7 +42,7 @@ from streaming.core import errors
 from streaming.core.door_api import DoorApi
 from streaming.core.errors import RequestError, StoreError, StoreFullError
 from streaming.core.outbound import ClientRecord, Publish
-from streaming.nats.bus import Bus
+from streaming.nats.bus import Bus, Origin
 from streaming.stan.clients import Client, Clients, nuid
 from streaming.stan.config import StanConfig
 from streaming.stan.outbound import StanOutbound
@@ -91,7 +91,7 @@ class StanDoor:
         self.ping_subject = f"{self.discover_subject}.pings"
         # Partitioned, acks go to the server that owns the subscription only.
         self.ack_prefix = f"_STAN.ack.{cid}" if partition is None else f"_STAN.ack.{cid}.{nuid()}"
-        self._late: dict[str | bytes, list[tuple[pb.PubMsg, str, int]]] = {}  # see _publish_late
+        self._late: dict[str | bytes, list[tuple[pb.PubMsg, str, Origin]]] = {}  # see _publish_late
         self.peers_subject = f"_STAN.partitions.{cid}.clients"  # partitioned: who knows this client?
         self._found_prefix = f"_STAN.partitions.{cid}.found.{nuid()}"
         self._lookups: dict[str, trio.MemorySendChannel[bytes]] = {}
@@ -142,28 +142,28 @@ class StanDoor:
         prefixes.update(inbox.rsplit(".", 1)[0] for inbox in recovered)
         return sorted(prefixes)
 
-    def _respond(self, reply: str, message: object, to: int) -> None:
-        """Answer a request, to connection `to` only (the one that sent it)."""
+    def _respond(self, reply: str, message: object, to: Origin) -> None:
+        """Answer a request, to the connection that sent it only."""
         kind = _REFUSAL_KINDS.get(type(message))
         error: str = getattr(message, "error", "")
         if kind is not None and error:
             self.refused[kind] += 1
         if reply:
             assert hasattr(message, "SerializeToString")
-            self.broker.publish(reply, message.SerializeToString(), to=to)
+            self.broker.publish(reply, message.SerializeToString(), to=to.conn)
 
     # -- connect and close -----------------------------------------------------------------------
 
-    def _on_connect(self, subject: str, reply: str, payload: bytes) -> None:
+    def _on_connect(self, subject: str, reply: str, payload: bytes, origin: Origin) -> None:
         # Connects run beside the connection's other traffic: a duplicate-ID probe waits up to 0.5 s.
         if self._nursery is not None:
-            self._nursery.start_soon(self._connect, reply, payload, self.broker.sender)
+            self._nursery.start_soon(self._connect, reply, payload, origin)
 
-    async def _connect(self, reply: str, payload: bytes, sender: int) -> None:
+    async def _connect(self, reply: str, payload: bytes, origin: Origin) -> None:
         try:
             request = parse_connect(payload)
         except InvalidRequest as exc:
-            self._respond(reply, pb.ConnectResponse(error=str(exc)), sender)
+            self._respond(reply, pb.ConnectResponse(error=str(exc)), origin)
             return
         record = ClientRecord(
             request.clientID,
@@ -173,9 +173,9 @@ class StanDoor:
             request.pingInterval,
             request.pingMaxOut,
         )
-        error = await self.clients.register(record, sender)
+        error = await self.clients.register(record, origin.conn)
         if error:
-            self._respond(reply, pb.ConnectResponse(error=error), sender)
+            self._respond(reply, pb.ConnectResponse(error=error), origin)
             return
         response = pb.ConnectResponse(
             pubPrefix=self.pub_prefix,
@@ -190,50 +190,49 @@ class StanDoor:
             response.pingInterval = request.pingInterval
             response.pingMaxOut = request.pingMaxOut
         log.debug("client %r connected", request.clientID)
-        self._respond(reply, response, sender)
+        self._respond(reply, response, origin)
 
-    def _on_close(self, subject: str, reply: str, payload: bytes) -> Awaitable[None]:
-        return self._close(reply, payload, self.broker.sender)
+    def _on_close(self, subject: str, reply: str, payload: bytes, origin: Origin) -> Awaitable[None]:
+        return self._close(reply, payload, origin)
 
-    async def _close(self, reply: str, payload: bytes, sender: int) -> None:
+    async def _close(self, reply: str, payload: bytes, origin: Origin) -> None:
         try:
             request = parse_close(payload)
         except InvalidRequest as exc:
-            self._respond(reply, pb.CloseResponse(error=str(exc)), sender)
+            self._respond(reply, pb.CloseResponse(error=str(exc)), origin)
             return
-        client = self.clients.acting_for(request.clientID, sender)
+        client = self.clients.acting_for(request.clientID, origin.conn)
         if client is None:
             if self.partition is None:  # partitioned, another server may know it (and answers)
-                self._respond(reply, pb.CloseResponse(error=errors.UNKNOWN_CLIENT), sender)
+                self._respond(reply, pb.CloseResponse(error=errors.UNKNOWN_CLIENT), origin)
             return
         await self.core.flush_publishes()  # its publishes before the Close are stored first
         await self.clients.close(client)
         log.debug("client %r closed", request.clientID)
-        self._respond(reply, pb.CloseResponse(), sender)
+        self._respond(reply, pb.CloseResponse(), origin)
 
-    def _on_ping(self, subject: str, reply: str, payload: bytes) -> None:
+    def _on_ping(self, subject: str, reply: str, payload: bytes, origin: Origin) -> None:
         if not payload or not reply:
             return
-        sender = self.broker.sender
-        error = self.clients.ping(payload)
+        error = self.clients.ping(payload, origin.conn)
         if error:
             # Partitioned, every server hears a client's pings, and one that has not finished its
             # connect (or took its client ID over) must not tell it that it is gone: the others answer.
             if self.partition is None:
-                self._respond(reply, pb.PingResponse(error=error), sender)
+                self._respond(reply, pb.PingResponse(error=error), origin)
         else:
-            self.broker.publish(reply, b"", to=sender)
+            self.broker.publish(reply, b"", to=origin.conn)
 
     # -- publish and ack (hot paths: no awaits unless the commit queue is full) -------------------
 
-    def _on_publish(self, subject: str, reply: str, payload: bytes) -> Awaitable[None] | None:
-        return self._on_publishes(subject, reply, [payload])
+    def _on_publish(self, subject: str, reply: str, payload: bytes, origin: Origin) -> Awaitable[None] | None:
+        return self._on_publishes(subject, reply, [payload], origin)
 
-    def _on_publishes(self, subject: str, reply: str, payloads: list[bytes]) -> Awaitable[None] | None:
+    def _on_publishes(self, subject: str, reply: str, payloads: list[bytes], origin: Origin) -> Awaitable[None] | None:
         """Publishes from one connection with one PubAck inbox, one or a run of them: what passes the
         checks is queued for the group commit at once. When the commit queue fills meanwhile, the
         reader waits for room after the run."""
-        sender, partitioned = self.broker.sender, self.partition is not None
+        partitioned = self.partition is not None
         wait = client = None
         last_conn_id = b""
         accepted: list[Publish] = []
@@ -245,23 +244,23 @@ class StanDoor:
             try:
                 message, channel, guid, stored_reply = parse_publish(payload)
             except InvalidRequest as exc:
-                self._respond(reply, pb.PubAck(guid=exc.guid, error=str(exc)), sender)
+                self._respond(reply, pb.PubAck(guid=exc.guid, error=str(exc)), origin)
                 continue
             conn_id = message.connID
             if not conn_id or conn_id != last_conn_id:  # a run's publishes carry one: one lookup
-                client, last_conn_id = self._publisher(message, conn_id, sender), conn_id
+                client, last_conn_id = self._publisher(message, conn_id, origin), conn_id
                 if client is not None:
                     self._own_ack_inbox(client, reply)
             if partitioned and (client is None or self._late):
                 if accepted:  # in order: what this run accepted so far goes first
                     wait = core.publish_many(accepted, reply) or wait
                     accepted = []
-                wait = self._wait_for_publisher(message, reply, sender, client) or wait
+                wait = self._wait_for_publisher(message, reply, origin, client) or wait
                 continue
             if client is None:
-                self._respond(reply, pb.PubAck(guid=guid, error=errors.INVALID_PUBLISH), sender)
+                self._respond(reply, pb.PubAck(guid=guid, error=errors.INVALID_PUBLISH), origin)
             elif checked:
-                publish = self._checked(message, reply, sender)
+                publish = self._checked(message, reply, origin)
                 if publish is not None:
                     accepted.append(publish)
             else:
@@ -270,55 +269,55 @@ class StanDoor:
             wait = core.publish_many(accepted, reply) or wait
         return wait
 
-    def _publisher(self, message: pb.PubMsg, conn_id: bytes, sender: int) -> Client | None:
+    def _publisher(self, message: pb.PubMsg, conn_id: bytes, origin: Origin) -> Client | None:
         """Who sent `message` (`conn_id`: its connID), if a known client did."""
         clients = self.clients
         if conn_id:  # the connID proves who it is: a client that came back on a new connection moves
-            return clients.proven(conn_id, sender)
+            return clients.proven(conn_id, origin.conn)
         # A client without a connID (protocol 0) is known by its client ID and connection.
-        client = clients.acting_for(message.clientID, sender)
+        client = clients.acting_for(message.clientID, origin.conn)
         if client is not None and client.record.conn_id:
             return None  # it has a connID: a publish without one is not its own
         return client
 
     def _wait_for_publisher(
-        self, message: pb.PubMsg, reply: str, sender: int, client: Client | None
+        self, message: pb.PubMsg, reply: str, origin: Origin, client: Client | None
     ) -> Awaitable[None] | None:
         """Partitioned: a publish from a client whose connect is not done here yet waits for it, and
         so do that client's later publishes, in order, while it waits."""
         key: str | bytes = message.connID or message.clientID
         waiting = self._late.get(key)
         if waiting is not None:
-            waiting.append((message, reply, sender))
+            waiting.append((message, reply, origin))
             return None
         if client is not None:  # known, and none of its publishes wait
-            return self._accept_publish(message, reply, sender, client)
-        self._late[key] = [(message, reply, sender)]
+            return self._accept_publish(message, reply, origin, client)
+        self._late[key] = [(message, reply, origin)]
         assert self._nursery is not None
         self._nursery.start_soon(self._publish_late, key)
         return None
 
     async def _publish_late(self, key: str | bytes) -> None:
         waiting = self._late[key]
-        message, _, sender = waiting[0]
+        message, _, origin = waiting[0]
         with trio.move_on_after(LATE_CLIENT_WAIT_S):
             await self._find_client(
-                lambda: self._publisher(message, message.connID, sender), message.connID, message.clientID
+                lambda: self._publisher(message, message.connID, origin), message.connID, message.clientID
             )
         del self._late[key]
-        for message, reply, sender in waiting:
-            client = self._publisher(message, message.connID, sender)
+        for message, reply, origin in waiting:
+            client = self._publisher(message, message.connID, origin)
             if client is None:
-                self._respond(reply, pb.PubAck(guid=message.guid, error=errors.INVALID_PUBLISH), sender)
+                self._respond(reply, pb.PubAck(guid=message.guid, error=errors.INVALID_PUBLISH), origin)
                 continue
-            pending = self._accept_publish(message, reply, sender, client)
+            pending = self._accept_publish(message, reply, origin, client)
             if pending is not None:
                 await pending
 
-    def _accept_publish(self, message: pb.PubMsg, reply: str, sender: int, client: Client) -> Awaitable[None] | None:
+    def _accept_publish(self, message: pb.PubMsg, reply: str, origin: Origin, client: Client) -> Awaitable[None] | None:
         """Queue one publish of a known client, or answer why not (partitioned: one that waited)."""
         self._own_ack_inbox(client, reply)
-        publish = self._checked(message, reply, sender)
+        publish = self._checked(message, reply, origin)
         return None if publish is None else self.core.publish_many([publish], reply)
 
     def _own_ack_inbox(self, client: Client, reply: str) -> None:
@@ -326,20 +325,20 @@ class StanDoor:
         if reply and reply not in client.subjects:
             self.clients.own(client, reply)
 
-    def _checked(self, message: pb.PubMsg, reply: str, sender: int) -> Publish | None:
+    def _checked(self, message: pb.PubMsg, reply: str, origin: Origin) -> Publish | None:
         """The publish to queue for a known client's `message`, or None once its refusal is answered
         (its channel is being deleted, or its user may not publish there)."""
         channel = message.subject
-        refusal = self.core.refusal(channel, "publish", self.broker.permissions(sender))
+        refusal = self.core.refusal(channel, "publish", origin.permissions)
         if refusal is not None:
-            self._respond(reply, pb.PubAck(guid=message.guid, error=str(refusal)), sender)
+            self._respond(reply, pb.PubAck(guid=message.guid, error=str(refusal)), origin)
             return None
         return Publish(channel, message.data, message.reply, message.guid, reply, self.outbound)
 
-    def _on_ack(self, subject: str, reply: str, payload: bytes) -> None:
-        self._on_acks(subject, reply, [payload])
+    def _on_ack(self, subject: str, reply: str, payload: bytes, origin: Origin) -> None:
+        self._on_acks(subject, reply, [payload], origin)
 
-    def _on_acks(self, subject: str, reply: str, payloads: list[bytes]) -> None:
+    def _on_acks(self, subject: str, reply: str, payloads: list[bytes], origin: Origin) -> None:
         """Acks sent to one subscription's ack inbox, one or a run of them from one connection: the
         sender is checked once, and the acks go to the engine together (one fill of the subscription)."""
         target = self.core.ack_target(subject)
@@ -347,8 +346,7 @@ class StanDoor:
             return
         sub_id, client_id = target
         client = self.clients.get(client_id)
-        sender = self.broker.sender
-        if client is None or (client.conn != sender and self.clients.acting_for(client_id, sender) is None):
+        if client is None or (client.conn != origin.conn and self.clients.acting_for(client_id, origin.conn) is None):
             return  # not its subscription's connection: acks are never taken for another client
         decode = pb.Ack.FromString
         core = self.core
@@ -371,27 +369,26 @@ class StanDoor:
 
     # -- subscriptions ---------------------------------------------------------------------------
 
-    def _on_subscribe(self, subject: str, reply: str, payload: bytes) -> Awaitable[None] | None:
-        sender = self.broker.sender
+    def _on_subscribe(self, subject: str, reply: str, payload: bytes, origin: Origin) -> Awaitable[None] | None:
         if self.partition is None:
-            return self._subscribe(reply, payload, sender)
+            return self._subscribe(reply, payload, origin)
         try:
             request = parse_subscribe(payload, "", ms_mode=self.config.allow_ms_ack_wait)
         except InvalidRequest as exc:
-            self._respond(reply, pb.SubscriptionResponse(error=str(exc)), sender)
+            self._respond(reply, pb.SubscriptionResponse(error=str(exc)), origin)
             return None
         if not self.partition.owns(request.channel):
             return None  # another server's channel: that server answers
         if self._settled(request.client_id) is None and self._nursery is not None:
-            self._nursery.start_soon(self._subscribe_late, request.client_id, reply, payload, sender)
+            self._nursery.start_soon(self._subscribe_late, request.client_id, reply, payload, origin)
             return None
-        return self._subscribe(reply, payload, sender)
+        return self._subscribe(reply, payload, origin)
 
-    async def _subscribe_late(self, client_id: str, reply: str, payload: bytes, sender: int) -> None:
+    async def _subscribe_late(self, client_id: str, reply: str, payload: bytes, origin: Origin) -> None:
         """Partitioned: a subscription from a client whose connect is not done here yet waits for it."""
         with trio.move_on_after(LATE_CLIENT_WAIT_S):
             await self._find_client(lambda: self._settled(client_id), b"", client_id)
-        await self._subscribe(reply, payload, sender)
+        await self._subscribe(reply, payload, origin)
 
     def _settled(self, client_id: str) -> Client | None:
         """The client, unless its client ID is being taken over (a new connect probes the old holder):
@@ -426,7 +423,7 @@ class StanDoor:
             await trio.sleep_forever()  # until `arrive` finds it, or the caller's timeout
         return found[0]
 
-    def _on_client_lookup(self, subject: str, reply: str, payload: bytes) -> None:
+    def _on_client_lookup(self, subject: str, reply: str, payload: bytes, origin: Origin) -> None:
         """Another server of the partitioned cluster asks for a client it does not know."""
         try:
             question = json.loads(payload)
@@ -438,21 +435,21 @@ class StanDoor:
         if client is not None and reply:
             self.broker.publish(reply, encode_client(client.record))
 
-    def _on_client_found(self, subject: str, reply: str, payload: bytes) -> None:
+    def _on_client_found(self, subject: str, reply: str, payload: bytes, origin: Origin) -> None:
         send = self._lookups.get(subject.rsplit(".", 1)[-1])
         if send is not None:
             with contextlib.suppress(trio.WouldBlock):  # a second server answered too
                 send.send_nowait(payload)
 
-    async def _subscribe(self, reply: str, payload: bytes, sender: int) -> None:
+    async def _subscribe(self, reply: str, payload: bytes, origin: Origin) -> None:
         core = self.core
         ack_inbox = f"{self.ack_prefix}.{nuid()}"
         try:
             request = parse_subscribe(payload, ack_inbox, ms_mode=self.config.allow_ms_ack_wait)
-            client = self.clients.acting_for(request.client_id, sender)
+            client = self.clients.acting_for(request.client_id, origin.conn)
             if client is None:
                 raise RequestError(errors.UNKNOWN_CLIENT)
-            refusal = core.refusal(request.channel, "subscribe", self.broker.permissions(sender))
+            refusal = core.refusal(request.channel, "subscribe", origin.permissions)
             if refusal is not None:
                 raise refusal
             self.clients.own(client, request.inbox)
@@ -462,20 +459,19 @@ class StanDoor:
                 raise RequestError(errors.store_error(StoreFullError("new durable subscription")))
 
             def answer(sub_id: int) -> None:  # the response goes out before any of its messages
-                self._respond(reply, pb.SubscriptionResponse(ackInbox=ack_inbox), sender)
+                self._respond(reply, pb.SubscriptionResponse(ackInbox=ack_inbox), origin)
                 log.debug("subscription %d on %r for %r", sub_id, request.channel, request.client_id)
 
             core.subscribe(request, answer)
         except (InvalidRequest, RequestError) as exc:
-            self._respond(reply, pb.SubscriptionResponse(error=str(exc)), sender)
+            self._respond(reply, pb.SubscriptionResponse(error=str(exc)), origin)
         except StoreError as exc:
             log.error("subscribe failed: %s", exc)
-            self._respond(reply, pb.SubscriptionResponse(error=errors.store_error(exc)), sender)
+            self._respond(reply, pb.SubscriptionResponse(error=errors.store_error(exc)), origin)
 
-    def _on_unsubscribe(self, subject: str, reply: str, payload: bytes, *, close: bool) -> None:
+    def _on_unsubscribe(self, subject: str, reply: str, payload: bytes, origin: Origin, *, close: bool) -> None:
         # Synchronous, so acks that arrived before it on this connection were applied first.
         core = self.core
-        sender = self.broker.sender
         try:
             request = parse_unsubscribe(payload)
             if self.partition is not None and not self.partition.owns(request.subject):
@@ -488,10 +484,10 @@ class StanDoor:
             record = core.subscription(sub_id) if sub_id is not None else None
             if sub_id is None or record is None or record.channel != request.subject:
                 raise RequestError(errors.INVALID_SUBSCRIPTION)
-            if record.client_id != request.clientID or self.clients.acting_for(request.clientID, sender) is None:
+            if record.client_id != request.clientID or self.clients.acting_for(request.clientID, origin.conn) is None:
                 raise RequestError(errors.UNKNOWN_CLIENT)
         except (InvalidRequest, RequestError) as exc:
-            self._respond(reply, pb.SubscriptionResponse(error=str(exc)), sender)
+            self._respond(reply, pb.SubscriptionResponse(error=str(exc)), origin)
             return
         core.unsubscribe(sub_id, close=close)
-        self._respond(reply, pb.SubscriptionResponse(), sender)
+        self._respond(reply, pb.SubscriptionResponse(), origin)

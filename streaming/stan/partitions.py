@@ -29,7 +29,7 @@ import attrs
 import trio
 
 from streaming.core.outbound import ClientRecord
-from streaming.nats.bus import Bus
+from streaming.nats.bus import Bus, Origin
 from streaming.wire.subjects import valid_subject
 
 log = logging.getLogger(__name__)
@@ -250,7 +250,7 @@ class Claims:
                 await trio.sleep(pause)
                 self.announce()
 
-    def _on_claim(self, subject: str, reply: str, payload: bytes) -> None:
+    def _on_claim(self, subject: str, reply: str, payload: bytes, origin: Origin) -> None:
         other = Claim.decode(payload)
         if other is None or other.token == self.mine.token:
             return

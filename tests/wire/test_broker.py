@@ -5,9 +5,11 @@ from __future__ import annotations
 import random
 import socket
 import struct
+from collections.abc import Awaitable
 
 import trio
 
+from streaming.nats.bus import Origin
 from streaming.wire import nats as p
 from tests.wire.servers import RawClient, config, eventually, running
 
@@ -158,7 +160,7 @@ async def test_a_long_read_is_handled_in_slices() -> None:
         hooks: list[int] = []
         seen_by_others: set[int] = set()
 
-        def handler(subject: str, reply: str, payload: bytes) -> None:
+        def handler(subject: str, reply: str, payload: bytes, origin: Origin) -> None:
             handled[0] += 1
 
         broker.subscribe("acks", handler)
@@ -251,3 +253,34 @@ async def test_a_held_write_to_a_vanished_client_harms_nobody() -> None:
         assert [e.payload for e in got if isinstance(e, p.Msg)] == [b"%d" % i for i in range(20)]
         await eventually(lambda: broker.statistics().connections == 1)
         await other.aclose()
+
+
+async def test_a_handler_knows_who_sent_its_message_across_its_awaits() -> None:
+    """The sending connection is handed to the handler with the message: one that awaits before it
+    looks (a connect's duplicate-ID probe, a subscription's channel creation) still sees its own
+    sender, while other connections' messages are handled meanwhile."""
+    async with running(config()) as server:
+        broker = server.broker
+        seen: list[tuple[bytes, int]] = []
+
+        async def slow(subject: str, reply: str, payload: bytes, origin: Origin) -> None:
+            await trio.sleep(0.05)  # the other connection's message is handled meanwhile
+            seen.append((payload, origin.conn))
+
+        def handler(subject: str, reply: str, payload: bytes, origin: Origin) -> Awaitable[None] | None:
+            if payload == b"first":
+                return slow(subject, reply, payload, origin)
+            seen.append((payload, origin.conn))
+            return None
+
+        broker.subscribe("who", handler)
+        a = await RawClient.open(server.port)
+        b = await RawClient.open(server.port)
+        await a.send(b"PUB who 5\r\nfirst\r\n")
+        await trio.sleep(0.01)
+        await b.send(b"PUB who 6\r\nsecond\r\n")
+        await eventually(lambda: len(seen) == 2)
+        conns = dict(seen)
+        assert conns[b"first"] != conns[b"second"] and 0 not in conns.values()
+        await a.aclose()
+        await b.aclose()
