@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from streaming.config import ServerConfig
-from tests.wire.servers import config
+from tests.support.servers import config
 
 NODE_DIR = Path(__file__).parent.parent / "node"
 DRIVER = NODE_DIR / "cometd_driver.mjs"

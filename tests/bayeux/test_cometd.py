@@ -28,7 +28,7 @@ from tests.bayeux.harness import (
     node,
     raw_client,
 )
-from tests.wire.servers import eventually, running
+from tests.support.servers import eventually, running
 
 pytestmark = [node, pytest.mark.slow]
 

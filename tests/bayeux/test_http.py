@@ -19,7 +19,7 @@ from streaming.core.door_api import Ticket
 from streaming.core.outbound import Publish
 from streaming.running import Running
 from tests.bayeux.harness import MAX_INTERVAL_S, TIMEOUT_S, bayeux_config, raw_client
-from tests.wire.servers import running
+from tests.support.servers import running
 
 pytestmark = pytest.mark.slow
 

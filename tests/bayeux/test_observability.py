@@ -11,8 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from streaming.observability.event_schema import problems
 from tests.bayeux.harness import bayeux_config, raw_client
-from tests.monitor.test_event_log import read_events
-from tests.wire.servers import running
+from tests.observability.test_event_log import read_events
+from tests.support.servers import running
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.bayeux.harness import bayeux_config, raw_client
-from tests.wire.servers import ServerProcess, eventually, running
+from tests.support.servers import ServerProcess, eventually, running
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,8 @@ from bench.peers import NatsNode, nats_cluster
 from streaming.client import StartPosition, connect
 from streaming.wire.stan_pb import protocol_pb2 as pb
 from tests.cluster.creds import operator_mode
-from tests.wire.certs import make_certs
-from tests.wire.servers import ATTACHED, ServerProcess
+from tests.support.certs import make_certs
+from tests.support.servers import ATTACHED, ServerProcess
 
 pytestmark = pytest.mark.slow
 DOCS = Path(__file__).parents[2] / "docs" / "security.md"

@@ -29,7 +29,7 @@ from streaming.stan.partitions import (
 from streaming.wire import nats as p
 from streaming.wire.subjects import matches
 from streaming.wire.urls import ServerUrl, discovered, parse_url, parse_urls
-from tests.wire.servers import RawClient
+from tests.support.servers import RawClient
 
 TOKENS = ["a", "b"]
 # Up to three tokens, then perhaps `>`.

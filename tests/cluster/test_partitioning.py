@@ -22,9 +22,9 @@ from streaming.client import Msg, StanError, StartPosition, Subscription, connec
 from streaming.config import ChannelConfig
 from streaming.wire import nats as p
 from streaming.wire.stan_pb import protocol_pb2 as pb
-from tests.wire.backends import on_both_backends
-from tests.wire.servers import ATTACHED, RawClient, ServerProcess, config, eventually, running
-from tests.wire.test_peers import NODE_DIR, node, run_node
+from tests.support.backends import on_both_backends
+from tests.support.node import NODE_DIR, node, run_node
+from tests.support.servers import ATTACHED, RawClient, ServerProcess, config, eventually, running
 
 pytestmark = pytest.mark.slow
 CID = "test-cluster"

@@ -18,7 +18,7 @@ import trio
 from storage import open_store
 from streaming.client import StartPosition, connect
 from streaming.stan.partitions import channel_partition
-from tests.wire.servers import ServerProcess, free_port, wait_for
+from tests.support.servers import ServerProcess, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 CID = "test-cluster"

@@ -17,7 +17,7 @@ import trio
 from streaming.client import StanError, connect
 from streaming.wire import nats as p
 from streaming.wire.stan_pb import protocol_pb2 as pb
-from tests.wire.servers import RawClient, ServerProcess, config, eventually, running
+from tests.support.servers import RawClient, ServerProcess, config, eventually, running
 
 CID = "test-cluster"
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ import trio
 from storage import ChannelLimits, LmdbStore, StoreLimits
 from streaming.client import StartPosition, connect
 from tests.faults.clients import CID, number, payload, publish, read_channel
-from tests.wire.servers import ServerProcess, command, free_port
+from tests.support.servers import ServerProcess, command, free_port
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import pytest
 
 from streaming.running import Running
 from tests.pull.harness import pull_config
-from tests.wire.servers import running
+from tests.support.servers import running
 
 
 @pytest.fixture

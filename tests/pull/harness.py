@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from streaming.running import Running
-from tests.wire.servers import config
+from tests.support.servers import config
 
 FAST: dict[str, Any] = {"http_api_port": -1, "pull_tombstone_ttl": 4.0, "pull_max_wait": 5.0}
 

@@ -15,7 +15,7 @@ import trio
 from streaming.running import Running
 from tests.bayeux.test_restart import http_api_port
 from tests.pull.harness import create, link, publish, pull_config
-from tests.wire.servers import ServerProcess, eventually, running
+from tests.support.servers import ServerProcess, eventually, running
 
 pytestmark = pytest.mark.slow
 curl = pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")

@@ -14,7 +14,7 @@ import trio
 from streaming.client import connect
 from streaming.running import Running
 from tests.pull.harness import ack, create, link, pending, publish, pull_config
-from tests.wire.servers import running
+from tests.support.servers import running
 
 pytestmark = pytest.mark.slow
 

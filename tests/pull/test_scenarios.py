@@ -16,7 +16,7 @@ from streaming.client import connect
 from streaming.running import Running
 from tests.bayeux.harness import raw_client
 from tests.pull.harness import ack, create, link, pending, publish, pull_config
-from tests.wire.servers import running
+from tests.support.servers import running
 
 pytestmark = pytest.mark.slow
 
@@ -360,7 +360,7 @@ async def test_messages_cross_doors(http: httpx.AsyncClient, server: Running) ->
 async def test_pull_traffic_is_measured_and_logged(tmp_path: Path) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    from tests.monitor.test_event_log import read_events
+    from tests.observability.test_event_log import read_events
 
     log_dir = tmp_path / "events"
     cfg = pull_config(tmp_path / "data", http_port=-1, event_log=str(log_dir))

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from streaming.client import StanClient, StartPosition, connect
-from tests.wire.servers import ServerProcess, free_port
+from tests.support.servers import ServerProcess, free_port
 
 CID = "test-cluster"
 

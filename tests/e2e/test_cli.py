@@ -12,7 +12,7 @@ import pytest
 
 from streaming.cli import _overrides, _server_parser
 from streaming.config import ConfigError, load
-from tests.wire.servers import ServerProcess, command, server_process
+from tests.support.servers import ServerProcess, command, server_process
 
 
 def streaming(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:

@@ -8,7 +8,7 @@ import pytest
 
 from storage import LmdbStore, StartPosition
 from streaming.core.engine import Reason, RequestError
-from tests.engine.harness import Harness
+from tests.core.harness import Harness
 
 
 def reopen(h: Harness, directory: Path) -> None:

@@ -4,20 +4,14 @@ nats-py on the embedded NATS broker, and node-nats-streaming (npm) on the STAN l
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import shutil
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import nats
 import pytest
 from nats.aio.msg import Msg
 
-from tests.wire.servers import ATTACHED, ServerProcess, server_process
-
-NODE_DIR = Path(__file__).parent.parent / "node"
+from tests.support.node import node, run_node
+from tests.support.servers import ATTACHED, ServerProcess, server_process
 
 
 def test_nats_py_pub_sub_wildcards_queues_request_reply() -> None:
@@ -66,32 +60,6 @@ def test_nats_py_sees_max_payload_and_is_refused_beyond_it() -> None:
 
     with server_process("--store", "memory") as server:
         asyncio.run(scenario(server.port))
-
-
-def _node_ready() -> bool:
-    return shutil.which("node") is not None and (NODE_DIR / "node_modules" / "node-nats-streaming").is_dir()
-
-
-def run_node(
-    scenario: str, port: int, channel: str, env: dict[str, str] | None = None, *, expect_ok: bool = True
-) -> dict[str, object]:
-    """One driver.js scenario; `env`: NATS_USER and NATS_PASS, or NATS_TOKEN, for a secured server."""
-    done = subprocess.run(
-        ["node", str(NODE_DIR / "driver.js"), scenario, str(port), channel],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, **(env or {})},
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert lines, f"node printed nothing useful:\nstdout:{done.stdout}\nstderr:{done.stderr}"
-    result: dict[str, object] = json.loads(lines[-1])
-    assert result["ok"] is expect_ok, result
-    return result
-
-
-node = pytest.mark.skipif(not _node_ready(), reason="run `npm ci --prefix tests/node` (CI does)")
 
 
 @pytest.fixture(scope="module", params=["embedded", "external"])

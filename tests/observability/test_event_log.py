@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streaming.observability.event_schema import EVENTS, FIELDS, MAX_RUN, each_event, problems
-from tests.monitor.traffic import AUDIT, DLQ_CHANNEL, ORDERS, scripted_run
-from tests.wire.servers import config, running
+from tests.observability.traffic import AUDIT, DLQ_CHANNEL, ORDERS, scripted_run
+from tests.support.servers import config, running
 
 
 def read_lines(directory: Path) -> list[dict[str, Any]]:

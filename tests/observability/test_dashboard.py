@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 
 from grafana import make_dashboard
-from tests.monitor.dashboard import expressions, load, metric_names, panels
-from tests.monitor.traffic import scripted_run
-from tests.wire.servers import config, running
+from tests.observability.dashboard import expressions, load, metric_names, panels
+from tests.observability.traffic import scripted_run
+from tests.support.servers import config, running
 
 
 def test_the_committed_json_is_what_the_generator_writes() -> None:

@@ -14,7 +14,7 @@ from streaming.client import NatsConnection, StanError, StartPosition, connect
 from streaming.client.nats_conn import NatsMsg, new_inbox
 from streaming.running import Running
 from streaming.wire.stan_pb import protocol_pb2 as pb
-from tests.wire.servers import config, eventually, running
+from tests.support.servers import config, eventually, running
 
 CID = "test-cluster"
 

@@ -15,9 +15,9 @@ import pytest
 import trio
 
 from streaming.client import StartPosition, connect
-from tests.monitor.dashboard import expressions, load, substitute
-from tests.monitor.traffic import scripted_run
-from tests.wire.servers import config, free_port, running
+from tests.observability.dashboard import expressions, load, substitute
+from tests.observability.traffic import scripted_run
+from tests.support.servers import config, free_port, running
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")

@@ -2,7 +2,7 @@
 
 One test per scenario, named after its number and the reference tests it covers. Time is virtual
 (the harness fires timers exactly at their deadlines); the store is the real in-memory store, and
-restarts rebuild the engine from it (tests/engine/test_lmdb_restart.py does the same over LMDB files).
+restarts rebuild the engine from it (tests/core/test_lmdb_restart.py does the same over LMDB files).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from storage import (
     StoreLimits,
 )
 from streaming.core.engine import Reason, RequestError, reader
-from tests.engine.harness import Harness, S
+from tests.core.harness import Harness, S
 
 NEW, TIMEOUT, LEFT, RESTART, RESUME = (
     Reason.NEW,

@@ -12,7 +12,7 @@ import trio
 
 from storage import MemoryStore, StoreWriteError
 from streaming.server import sync_periodically
-from tests.wire.servers import config, running
+from tests.support.servers import config, running
 
 
 class FlushCounting(MemoryStore):

@@ -14,7 +14,7 @@ import trio.testing
 
 from storage import AppendResult, MessageToAppend, StoreWriteError
 from streaming.client import StanError, connect
-from tests.wire.servers import config, running
+from tests.support.servers import config, running
 
 CID = "test-cluster"
 

@@ -17,8 +17,8 @@ from streaming.client import StanClient, StartPosition, connect
 from streaming.running import Running
 from streaming.wire import nats as p
 from streaming.wire.stan_pb import protocol_pb2 as pb
-from tests.wire.servers import RawClient, config, running, server_process
-from tests.wire.test_peers import node, run_node
+from tests.support.node import node, run_node
+from tests.support.servers import RawClient, config, running, server_process
 
 CLUSTER = "test-cluster"
 

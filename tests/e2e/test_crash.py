@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from streaming.client import Msg, StartPosition, Subscription, connect
-from tests.wire.servers import ServerProcess, eventually, free_port
+from tests.support.servers import ServerProcess, eventually, free_port
 
 CID = "test-cluster"
 

@@ -32,7 +32,7 @@ from streaming.core.outbound import Publish
 from streaming.core.pipeline import Pipeline
 from streaming.core.runtime import EngineRuntime
 from streaming.core.service import Core
-from tests.engine.doors import RecordingDoor
+from tests.core.doors import RecordingDoor
 
 
 class World:

@@ -1,5 +1,5 @@
 """Our client against the real server over TCP: the features users rely on, end to end, each under
-Trio and under asyncio (the server runs in a thread of its own: tests/wire/backends.py)."""
+Trio and under asyncio (the server runs in a thread of its own: tests/support/backends.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 import trio
 
 from streaming.client import Msg, StanClient, StanError, StartPosition, Subscription, connect
-from tests.wire.backends import ServerThread, eventually, on_both_backends, server_thread
-from tests.wire.servers import ServerProcess, config, free_port
+from tests.support.backends import ServerThread, eventually, on_both_backends, server_thread
+from tests.support.servers import ServerProcess, config, free_port
 
 EMBEDDED = pytest.mark.parametrize("server", ["embedded"], indirect=True)  # it drops the broker's connections
 

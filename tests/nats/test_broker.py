@@ -11,7 +11,7 @@ import trio
 
 from streaming.nats.bus import Origin
 from streaming.wire import nats as p
-from tests.wire.servers import RawClient, config, eventually, running
+from tests.support.servers import RawClient, config, eventually, running
 
 
 async def test_info_has_what_clients_need() -> None:

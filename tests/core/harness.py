@@ -38,7 +38,7 @@ from streaming.core.engine import (
 )
 from streaming.core.outbound import Publish
 from streaming.core.pipeline import Pipeline, StateWriter
-from tests.engine.doors import RecordingDoor
+from tests.core.doors import RecordingDoor
 from tests.storage.pending_model import PendingEntries
 
 S = 1_000_000_000

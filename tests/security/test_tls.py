@@ -17,9 +17,9 @@ import trio
 
 from streaming.client import NatsError, StartPosition, connect
 from streaming.config import ConfigError, ServerConfig
-from tests.wire.certs import Certs, make_certs
-from tests.wire.servers import RawClient, command, config, eventually, nats_py_round_trip, running, server_process
-from tests.wire.test_peers import node, run_node
+from tests.support.certs import Certs, make_certs
+from tests.support.node import node, run_node
+from tests.support.servers import RawClient, command, config, eventually, nats_py_round_trip, running, server_process
 
 CLUSTER = "test-cluster"
 

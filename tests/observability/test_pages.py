@@ -8,8 +8,8 @@ from typing import Any
 
 import httpx
 
-from tests.monitor.traffic import AUDIT, DLQ_CHANNEL, ORDERS, scripted_run
-from tests.wire.servers import config, running
+from tests.observability.traffic import AUDIT, DLQ_CHANNEL, ORDERS, scripted_run
+from tests.support.servers import config, running
 
 
 async def get(client: httpx.AsyncClient, path: str, status: int = 200) -> Any:

@@ -30,8 +30,8 @@ from streaming.config import ConfigError, ServerConfig, load, merged
 from streaming.security.auth import Authenticator, User, public_nkey
 from streaming.security.permissions import Permissions, Rule
 from streaming.wire import nats as p
-from tests.wire.servers import RawClient, config, nats_py_round_trip, running, server_process
-from tests.wire.test_peers import node, run_node
+from tests.support.node import node, run_node
+from tests.support.servers import RawClient, config, nats_py_round_trip, running, server_process
 
 CLUSTER = "test-cluster"
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()  # cheap rounds: a test, not a vault

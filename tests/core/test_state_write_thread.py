@@ -20,7 +20,7 @@ from streaming.core.engine import SubscribeRequest
 from streaming.core.outbound import Publish
 from streaming.core.runtime import _INLINE_STATE_WRITE
 from streaming.core.service import Core
-from tests.engine.doors import RecordingDoor
+from tests.core.doors import RecordingDoor
 
 
 class Recorder:

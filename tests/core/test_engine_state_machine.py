@@ -43,7 +43,7 @@ from storage import ChannelLimits, StoreLimits, SubOptions
 from streaming.core.engine import DeadLettered, Delivered, Event, Reason, RequestError, SubRef, per_message
 from streaming.core.engine.groups import group_key
 from streaming.core.errors import DUPLICATE_DURABLE
-from tests.engine.harness import Harness
+from tests.core.harness import Harness
 
 Owner = tuple[str, str, int]
 CHANNEL = "foo"
