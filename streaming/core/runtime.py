@@ -77,6 +77,7 @@ class RuntimeStatistics:
     queued_updates: int
     expiry_passes: int
     longest_expiry_chunk_s: float
+    unwritten: int  # state writes queued and not yet stored (acks, positions, client records): 0 = all stored
 
 
 class EngineRuntime(StateWriter):
@@ -117,6 +118,7 @@ class EngineRuntime(StateWriter):
         self._queued = 0  # generation of the queue: counts the additions to it
         self._written = 0  # the generation the last write attempt took in
         self._written_ok = True
+        self._stored = 0  # the generation stored last (what a refused write took in is not)
         self._write_done = trio.Event()  # set after every write attempt
         self._urgent = False  # a caller waits for the next write (write_now): no linger before it
         self._linger_scope: trio.CancelScope | None = None
@@ -212,7 +214,12 @@ class EngineRuntime(StateWriter):
 
     def statistics(self) -> RuntimeStatistics:
         return RuntimeStatistics(
-            len(self._timers), self._timer_fires, len(self._updates), self._expiry_passes, self._longest_chunk
+            len(self._timers),
+            self._timer_fires,
+            len(self._updates),
+            self._expiry_passes,
+            self._longest_chunk,
+            self._queued - self._stored,
         )
 
     # -- timers ----------------------------------------------------------------------------------
@@ -353,6 +360,8 @@ class EngineRuntime(StateWriter):
             taken = self._queued
             ok = await self._write_queued()
             self._written, self._written_ok = taken, ok
+            if ok:
+                self._stored = taken
             self._write_done.set()
             self._write_done = trio.Event()
             if not ok:

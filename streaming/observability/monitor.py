@@ -211,6 +211,9 @@ class Monitor:
                 "writable": error is None,
                 "write_error": None if error is None else str(error),
                 "damaged_messages": stats.damaged_messages,  # found failing their checksum when read
+                # Subscription-state writes (acks, positions, client records) queued and not yet stored:
+                # they gather for ~30 ms; a crash meanwhile can only cause redeliveries.
+                "state_writes_pending": self.running.core.runtime.statistics().unwritten,
             }
         )
 

@@ -24,10 +24,23 @@ from streaming.wire import nats as p
 from streaming.wire.stan_pb import protocol_pb2 as pb
 from tests.support.backends import on_both_backends
 from tests.support.node import NODE_DIR, node, run_node
-from tests.support.servers import ATTACHED, RawClient, ServerProcess, config, eventually, running
+from tests.support.servers import ATTACHED, RawClient, ServerProcess, config, eventually, running, state_stored
 
 pytestmark = pytest.mark.slow
 CID = "test-cluster"
+
+
+async def pending_in(http_port: int, channel: str, count: int, within: float = 10.0) -> None:
+    """Wait until the server's one subscription on `channel` has `count` messages pending."""
+    with trio.fail_after(within):
+        async with httpx.AsyncClient() as http:
+            while True:  # another process's state: polled (see tests/support/servers.py, `eventually`)
+                page = (
+                    await http.get(f"http://127.0.0.1:{http_port}/streaming/channelsz?channel={channel}&subs=1")
+                ).json()
+                if [s["pending_count"] for s in page["subscriptions"]] == [count]:
+                    return
+                await trio.sleep(0.005)
 
 
 def partitioned(name: str, node: NatsNode, channels: list[str], data: Path) -> ServerProcess:
@@ -35,7 +48,8 @@ def partitioned(name: str, node: NatsNode, channels: list[str], data: Path) -> S
     conf = data.parent / f"{name}.toml"
     tables = "".join(f'[channels."{c}"]\n' for c in channels)
     conf.write_text(
-        f'nats_server = "{node.url}"\npartitioning = true\nserver_name = "{name}"\ndir = "{data}"\n{tables}'
+        f'nats_server = "{node.url}"\npartitioning = true\nserver_name = "{name}"\ndir = "{data}"\n'
+        f"http_port = -1\n{tables}"
     )
     return ServerProcess(["-c", str(conf)], ready=ATTACHED)
 
@@ -168,8 +182,10 @@ async def test_a_killed_server_takes_only_its_channels_and_loses_nothing_acknowl
                 got = await take(sub, 5)
                 for m in got[:2]:
                     m.ack()
-                await sc.nats.flush()
-                await trio.sleep(0.3)  # the acks are stored (they linger up to 30 ms)
+                # Through the cluster, the acks reach the owner after the client's flush: once it holds
+                # them (3 pending), they are stored when nothing waits to be written.
+                await pending_in(a.http_port, "orders.k", 3)
+                await state_stored(a.http_port)
 
                 a.kill()
                 sc.pub_ack_timeout_s = 0.5

@@ -131,6 +131,50 @@ def test_the_cluster_demo_starts_three_nodes_and_three_servers_and_stops_them(tm
         trio.run(use_it)
     finally:
         demo.send_signal(signal.SIGINT)  # Ctrl-C
-        assert demo.wait(30) == 0
-    left = [p.pid for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
-    assert left == [], "Ctrl-C stops every process it started"
+        try:
+            code: int | None = demo.wait(30)
+        except subprocess.TimeoutExpired:
+            code = None
+        left = started_in(tmp_path)
+        for process in left:  # whatever happened, nothing it started outlives the test
+            process.kill()
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert code == 0, "Ctrl-C stops the demo"
+    assert [p.pid for p in left] == [], "Ctrl-C stops every process it started"
+
+
+def test_the_cluster_demo_stops_on_ctrl_c_when_started_as_a_background_job(tmp_path: Path) -> None:
+    """A shell's background job starts with SIGINT ignored, and Python then installs no handler of its
+    own: the demo sets its own, or Ctrl-C would do nothing."""
+    base = free_port()
+    demo = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "cluster-demo"), "--base-port", str(base), "--dir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    assert demo.stdout is not None
+    try:
+        lines = [demo.stdout.readline() for _ in range(9)]
+        assert lines[0].startswith("NATS cluster"), lines
+    finally:
+        demo.send_signal(signal.SIGINT)
+        try:
+            code: int | None = demo.wait(30)
+        except subprocess.TimeoutExpired:
+            code = None
+        left = started_in(tmp_path)
+        for process in left:
+            process.kill()
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert code == 0 and [p.pid for p in left] == []
+
+
+def started_in(directory: Path) -> list[psutil.Process]:
+    """The processes still running whose command line names `directory` (what a demo there started)."""
+    return [p for p in psutil.process_iter(["cmdline"]) if str(directory) in " ".join(p.info["cmdline"] or [])]

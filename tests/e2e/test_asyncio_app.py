@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from streaming.client import StanClient, StartPosition, connect
-from tests.support.servers import ServerProcess, free_port
+from tests.support.servers import ServerProcess, free_port, state_stored
 
 CID = "test-cluster"
 
@@ -61,7 +61,7 @@ async def consume(port: int, count: int, *, ack: bool) -> list[tuple[int, bool, 
 
 def test_an_asyncio_web_app_publishes_and_a_worker_acks(tmp_path: Path) -> None:
     stan_port, http_port = free_port(), free_port()
-    server = ServerProcess(["-p", str(stan_port), "--dir", str(tmp_path / "data")]).start()
+    server = ServerProcess(["-p", str(stan_port), "--http_port=-1", "--dir", str(tmp_path / "data")]).start()
 
     async def scenario() -> None:
         config = HypercornConfig()
@@ -88,7 +88,7 @@ def test_an_asyncio_web_app_publishes_and_a_worker_acks(tmp_path: Path) -> None:
                 assert [order for _, _, order in again] == [{"order": i} for i in range(3)]
 
                 # The STAN server dies and comes back: the app's client reconnects, its session intact.
-                await asyncio.sleep(0.3)  # the acks are stored (they linger up to 30 ms)
+                await state_stored(server.http_port)  # the acks are stored (they linger up to 30 ms)
                 server.kill()
                 server.start()
                 response = await http.post("/orders", json={"order": 3})

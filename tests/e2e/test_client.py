@@ -13,7 +13,7 @@ import trio
 
 from streaming.client import Msg, StanClient, StanError, StartPosition, Subscription, connect
 from tests.support.backends import ServerThread, eventually, on_both_backends, server_thread
-from tests.support.servers import ServerProcess, config, free_port
+from tests.support.servers import ServerProcess, config, free_port, state_stored
 
 EMBEDDED = pytest.mark.parametrize("server", ["embedded"], indirect=True)  # it drops the broker's connections
 
@@ -251,7 +251,7 @@ async def test_queue_members_suppress_copies_of_acked_messages(server: ServerThr
 
 @on_both_backends
 async def test_restart_recovery_redelivers_pending_before_new(tmp_path: Path) -> None:
-    cfg = config(tmp_path / "data", port=free_port())
+    cfg = config(tmp_path / "data", port=free_port(), http_port=-1)
     server = ServerThread(cfg).start()
     try:
         async with connect(CID, "me", port=cfg.port, reconnect_wait_s=0.1) as sc:
@@ -261,8 +261,9 @@ async def test_restart_recovery_redelivers_pending_before_new(tmp_path: Path) ->
             got = await take(sub, 5)
             got[0].ack()
             got[1].ack()
-            await sc.nats.flush()
-            await anyio.sleep(0.2)  # the acks reach the store
+            await sc.nats.flush()  # the server has the acks...
+            assert server.running is not None
+            await state_stored(server.running.http_port)  # ...and has stored them
             await anyio.to_thread.run_sync(server.stop)  # the server stops; the client keeps reconnecting
             await anyio.sleep(0.3)
             with server_thread(cfg) as again:
@@ -349,13 +350,13 @@ async def test_extensions_over_the_wire_dead_letter_backoff_and_in_progress(serv
 @on_both_backends
 async def test_the_session_survives_a_sigkilled_server_and_its_restart(tmp_path: Path) -> None:
     port = free_port()
-    server = ServerProcess(["-p", str(port), "--dir", str(tmp_path / "data")]).start()
+    server = ServerProcess(["-p", str(port), "--http_port=-1", "--dir", str(tmp_path / "data")]).start()
     try:
         async with connect(CID, "me", port=port, reconnect_wait_s=0.1) as sc:
             async with sc.subscribe("foo", durable="d", manual_ack=True, ack_wait=60) as sub:
                 await sc.publish("foo", b"before")
                 await take(sub, 1)
-                await anyio.sleep(0.3)  # the subscription's state is stored (within ~30 ms: docs/storage.md)
+                await state_stored(server.http_port)  # its pending entry is stored (within ~30 ms)
                 await anyio.to_thread.run_sync(server.kill)  # not acked: pending when the server dies
                 await anyio.to_thread.run_sync(server.start)
                 await sc.publish("foo", b"after")  # once reconnected: the session is still known

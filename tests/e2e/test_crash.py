@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from streaming.client import Msg, StartPosition, Subscription, connect
-from tests.support.servers import ServerProcess, eventually, free_port
+from tests.support.servers import ServerProcess, eventually, free_port, state_stored
 
 CID = "test-cluster"
 
@@ -23,7 +23,7 @@ async def drain(sub: Subscription, into: list[Msg]) -> None:
 async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path: Path, flags: list[str]) -> None:
     """Without an fsync per commit too: a killed server's commits are in the page cache."""
     port = free_port()
-    server = ServerProcess(["-p", str(port), "--dir", str(tmp_path / "data"), *flags]).start()
+    server = ServerProcess(["-p", str(port), "--http_port=-1", "--dir", str(tmp_path / "data"), *flags]).start()
     acked: list[bytes] = []
     received: list[Msg] = []
     try:
@@ -39,7 +39,8 @@ async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path: Path, fla
             await eventually(lambda: len(received) == 10)
             for m in received[:4]:
                 m.ack()
-            await trio.sleep(0.3)  # the acks reach the store (no fsync needed: a SIGKILL keeps the page cache)
+            await sc.nats.flush()  # the server has the acks...
+            await state_stored(server.http_port)  # ...and has written them (a SIGKILL keeps the page cache)
 
             async def load() -> None:
                 n = 0

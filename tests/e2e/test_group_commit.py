@@ -65,7 +65,9 @@ async def test_a_stream_of_publishes_is_committed_by_the_task(tmp_path: Path) ->
     """A reader with more input waiting (a full read) leaves its publishes to the publisher task, whose
     batches then grow while the reader reads on: large ones go to the store thread and overlap the
     parsing. Committing each read's dozen 4 KiB publishes by itself cost a third of the throughput.
-    The publisher runs in a thread of its own, so that it streams as a client process would."""
+    The publisher runs in a thread of its own, so that it streams as a client process would. (How
+    many short reads come, which a reader commits itself, depends on timing: the choice itself is
+    tested without sockets in tests/core/test_group_commit.py.)"""
 
     async def publish_stream(port: int) -> None:
         async with connect(CID, "pub", port=port) as pub:
@@ -80,9 +82,7 @@ async def test_a_stream_of_publishes_is_committed_by_the_task(tmp_path: Path) ->
             await trio.to_thread.run_sync(trio.run, publish_stream, server.port)
         stats = server.core.group_commit.statistics()
         assert stats.messages == 2000
-        # Short reads come now and then (the client's writes vary); a reader commits at most 16 each.
-        assert stats.inline_commits * 16 <= stats.messages // 4, stats
-        assert stats.largest_batch > 16, stats
+        assert stats.largest_batch > 16 and stats.thread_commits > 0, stats
 
 
 async def test_wait_commit_returns_at_the_next_commit_or_at_its_bound(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ import trio
 from storage import ChannelLimits, LmdbStore, StoreLimits
 from streaming.client import StartPosition, connect
 from tests.faults.clients import CID, number, payload, publish, read_channel
-from tests.support.servers import ServerProcess, command, free_port
+from tests.support.servers import ServerProcess, command, free_port, state_stored
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ Damage = Callable[[Path], str]  # damages a copy of the store; returns the file 
 async def _make_store(directory: Path) -> set[int]:
     """A store as a SIGKILL leaves it; returns the numbers of the acknowledged messages."""
     port = free_port()
-    server = ServerProcess(["-p", str(port), "--dir", str(directory)]).start()
+    server = ServerProcess(["-p", str(port), "--http_port=-1", "--dir", str(directory)]).start()
     acked: set[int] = set()
     try:
         async with connect(CID, "audit", port=port) as sc:
@@ -48,7 +48,7 @@ async def _make_store(directory: Path) -> set[int]:
             await trio.sleep(1.5)  # a checkpoint: these are in LMDB now
             await publish(port, "orders", 400, 300, acked)  # these in the journal
             got = [await sub.next_msg() for _ in range(300)]
-            await trio.sleep(0.3)  # the subscriber's position reaches the state file
+            await state_stored(server.http_port)  # the subscriber's position reaches the state file
             server.kill()
     finally:
         server.stop()

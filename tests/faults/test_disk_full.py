@@ -16,6 +16,7 @@ import trio
 from streaming.client import StanError, StartPosition, connect
 from tests.faults.clients import CID, payload, publish, read_channel
 from tests.faults.sandbox import Sandbox, can_mount_private_tmpfs, sandbox
+from tests.support.servers import state_stored
 
 pytestmark = [
     pytest.mark.slow,
@@ -126,7 +127,7 @@ async def test_a_full_disk_refuses_writes_and_keeps_serving_readers(tmp_path: Pa
                         break
                     except StanError:
                         await trio.sleep(0.2)
-        await trio.sleep(0.5)  # the acks and the registration follow the first commit that lands
+        await state_stored(box.http_port)  # the acks and the registration follow the first commit that lands
         box.stop(signal.SIGKILL)
         _start(box)
         async with connect(CID, "reader", port=box.port) as sc:

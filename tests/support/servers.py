@@ -15,7 +15,9 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import attrs
+import httpx
 import trio
 
 from streaming.config import ServerConfig
@@ -101,6 +103,7 @@ class RawClient:
 
 LISTENING = r"\] streaming: Listening for client connections on [^:]+:(\d+)"  # ours, not a child nats-server's
 ATTACHED = r"Serving STAN clients through the NATS cluster at "  # with nats_server: no port of its own
+MONITORING = r"Listening for HTTP monitoring on [^:]+:(\d+)"
 
 
 @attrs.define
@@ -110,6 +113,7 @@ class ServerProcess:
     args: list[str]
     proc: subprocess.Popen[str] | None = None
     port: int = 0
+    http_port: int = 0  # its monitoring port, when it serves one (`--http_port=-1`: any free port)
     log: list[str] = attrs.Factory(list)
     preexec: Callable[[], None] | None = None  # run in the child before the server (resource limits)
     ready: str = LISTENING  # the log line that says it serves (a group: the port it listens on)
@@ -132,6 +136,9 @@ class ServerProcess:
             assert self.proc is not None and self.proc.stderr is not None
             for line in self.proc.stderr:
                 self.log.append(line.rstrip())
+                monitoring = re.search(MONITORING, line)
+                if monitoring:
+                    self.http_port = int(monitoring.group(1))
                 match = re.search(self.ready, line)
                 if match:
                     self.port = int(match.group(1)) if match.groups() else 0
@@ -202,6 +209,17 @@ async def eventually(predicate: Any, within: float = 5.0) -> None:
     with trio.fail_after(within):
         while not predicate():  # noqa: ASYNC110 - see the docstring
             await trio.sleep(0.01)
+
+
+async def state_stored(http_port: int, within: float = 10.0) -> None:
+    """Wait until the server has stored every subscription-state write it had queued (acks, positions,
+    client records): its storez says `state_writes_pending` is 0. Call it once the server has what is
+    to be stored (after the client's `nats.flush()` on the embedded broker). Under Trio or asyncio."""
+    with anyio.fail_after(within):
+        async with httpx.AsyncClient() as http:
+            # Another process's state, over HTTP: polling is the only way to watch it (see `eventually`).
+            while (await http.get(f"http://127.0.0.1:{http_port}/streaming/storez")).json()["state_writes_pending"]:  # noqa: ASYNC110
+                await anyio.sleep(0.005)
 
 
 async def nats_py_round_trip(nc: Any, subject: str, payload: bytes) -> None:
