@@ -19,7 +19,7 @@ import trio
 
 from storage import DamagedStoreError, RecoveredState, Store, StoreError
 from storage.integrity import beyond_channels
-from streaming.core.engine import Engine, Observer
+from streaming.core.engine import Engine, Observer, recover
 from streaming.core.group_commit import GroupCommit
 from streaming.core.observers import ServerObserver
 from streaming.core.outbound import Doors
@@ -75,7 +75,7 @@ class Core:
         state: RecoveredState = await call_store(self.store.recover, in_thread=self.in_thread)
         state = self._check_positions(state)
         self.recovered = state
-        self.engine = Engine.recover(self.store, state)
+        self.engine = recover(self.store, state)
         for engine_observer in self._engine_observers:
             self.engine.add_observer(engine_observer)
         self.runtime = EngineRuntime(

@@ -35,6 +35,7 @@ from streaming.core.engine import (
     SubscribeRequest,
     dead_letter_payload,
     per_message,
+    recover,
 )
 from streaming.core.outbound import Publish
 from streaming.core.pipeline import Pipeline, StateWriter
@@ -217,7 +218,7 @@ class Harness:
         """Rebuild the engine from the store (the store must hold everything flushed so far)."""
         self.collect()
         self.store = store if store is not None else self.store
-        self._build(Engine.recover(self.store))
+        self._build(recover(self.store))
         self.received.clear()
         self.pipeline.start()
 

@@ -41,7 +41,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from storage import ChannelLimits, StoreLimits, SubOptions
 from streaming.core.engine import DeadLettered, Delivered, Event, Reason, RequestError, SubRef, per_message
-from streaming.core.engine.groups import group_key
+from streaming.core.engine.state import group_key
 from streaming.core.errors import DUPLICATE_DURABLE
 from tests.core.harness import Harness
 

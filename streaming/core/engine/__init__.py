@@ -2,13 +2,16 @@
 
 It imports no Trio, no LMDB and no metrics code (import-linter checks this); time comes in as `now`.
 
-- `engine`: the rules (subscribe, deliver, ack, redeliver, leave) and the effects they leave;
-- `state`: what it holds per subscription and client; `pending`: one subscription's unacked messages;
-- `groups`: queue groups and who gets the next message; `reader`: where message bodies come from;
+- `engine`: the rules (subscribe, deliver, ack, redeliver, leave), one state machine;
+- `effects`: what its calls leave to do, until the commit pipeline takes it;
+- `state`: what it holds per subscription, queue group (and who gets the next message) and client;
+- `pending`: one subscription's unacked messages; `reader`: where message bodies come from;
+- `activity`: channel inactivity (MaxInactivity); `inspection`: read-only queries for tests;
 - `recovery`: rebuilding it after a restart; `events`: what it tells observers (metrics, event log).
 """
 
-from streaming.core.engine.engine import Effects, Engine, dead_letter_payload
+from streaming.core.engine.effects import Effects
+from streaming.core.engine.engine import Engine
 from streaming.core.engine.events import (
     Acked,
     AckedRun,
@@ -28,8 +31,10 @@ from streaming.core.engine.events import (
     SubscriptionClosed,
     SubscriptionCreated,
     SubscriptionRemoved,
+    dead_letter_payload,
     per_message,
 )
+from streaming.core.engine.recovery import recover
 from streaming.core.engine.state import SubscribeRequest, SubscriptionView
 from streaming.core.errors import RequestError
 
@@ -59,4 +64,5 @@ __all__ = [
     "SubscriptionView",
     "dead_letter_payload",
     "per_message",
+    "recover",
 ]

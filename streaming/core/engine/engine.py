@@ -1,4 +1,10 @@
-"""The delivery engine: subscriptions, queue groups, durables, AckWait, MaxInflight, redelivery, recovery.
+"""The delivery engine: subscriptions, queue groups, durables, AckWait, MaxInflight, redelivery.
+
+One job, the delivery rules, and one state machine: subscribe, deliver, ack, redeliver, leave all
+change the same per-subscription and per-group state, so their transitions stay in this one module
+(what it leaves to do is gathered by `streaming.core.engine.effects`, channel inactivity is
+`activity`, rebuilding after a restart is `recovery` through the public `restore_*` calls here,
+read-only queries for tests are `inspection`).
 
 Sans-IO: every call takes `now` (clock seconds, e.g. `trio.current_time()`), changes state, and queues
 what the outside must do. The commit pipeline (streaming/core/pipeline.py) takes them, as one `Effects`
@@ -20,9 +26,7 @@ and ack-progress change it only for subscriptions that ask.
 
 from __future__ import annotations
 
-import base64
-import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import attrs
 
@@ -34,16 +38,16 @@ from storage.records import (
     ClearPendingRun,
     DeleteSubscription,
     Message,
-    RecoveredState,
     SaveSubscription,
     SetLastSent,
     SetPending,
     SetPendingRun,
     StartPosition,
     SubscriptionRecord,
-    SubUpdate,
 )
 from streaming.core import errors
+from streaming.core.engine.activity import ChannelActivity
+from streaming.core.engine.effects import Effects, EffectsAccumulator
 from streaming.core.engine.events import (
     AckedRun,
     AckTimedOut,
@@ -52,40 +56,25 @@ from streaming.core.engine.events import (
     Delivered,
     DeliveredRun,
     Delivery,
-    Event,
     ExpiredByLimit,
     MemberJoined,
     MemberLeft,
-    Observer,
     Reason,
     SubscriptionClosed,
     SubscriptionCreated,
     SubscriptionRemoved,
 )
-from streaming.core.engine.groups import Group, group_key
+from streaming.core.engine.inspection import Inspection
 from streaming.core.engine.reader import MessageReader
-from streaming.core.engine.state import Client, Sub, SubscribeRequest, SubscriptionView, ref
+from streaming.core.engine.state import Client, Group, Sub, SubscribeRequest, SubscriptionView, group_key, ref
 from streaming.core.errors import RequestError
 
 READ_BATCH = 256
 
 
-@attrs.frozen(slots=True)
-class Effects:
-    """What engine calls left to do, in the order the commit pipeline does it: deliveries go out,
-    dead letters are stored, then the subscription-state updates; timers are re-armed."""
-
-    deliveries: list[Delivery]
-    dead_letters: list[DeadLetter]
-    updates: list[SubUpdate]
-    timer_changes: set[int]
-
-    def __bool__(self) -> bool:
-        return bool(self.deliveries or self.dead_letters or self.updates or self.timer_changes)
-
-
-class Engine:
+class Engine(EffectsAccumulator):
     def __init__(self, store: Store) -> None:
+        super().__init__()
         self.store = store
         self._subs: dict[int, Sub] = {}
         self._by_ack_inbox: dict[str, int] = {}
@@ -97,19 +86,9 @@ class Engine:
         self._reader = MessageReader(store)
         self._to_pump: dict[int, float] = {}  # subscriptions acks made room in -> the latest ack's now
         self._last_seq: dict[str, int] = {}  # channel -> last stored sequence (kept by on_appended)
-        self._idle_since: dict[str, float] = {}  # channel -> last publish, or when its last active sub left
-        self._deliveries: list[Delivery] = []
-        self._updates: list[SubUpdate] = []
-        self._dead: list[DeadLetter] = []
-        self._timers: set[int] = set()
-        self._observers: list[Observer] = []
-        self._events: list[Event] = []  # for the observers, handed over by `take_effects`
-        self._ack_run: AckedRun | None = None  # the last of `_events`, if acks are being added to it
+        self._activity = ChannelActivity(store, self._active_subs)
 
     # -- outputs ---------------------------------------------------------------------------------
-
-    def add_observer(self, observer: Observer) -> None:
-        self._observers.append(observer)
 
     def has_effects(self) -> bool:
         return bool(self._to_pump or self._deliveries or self._dead or self._updates or self._timers or self._events)
@@ -119,15 +98,7 @@ class Engine:
         subscriptions acks made room in are filled."""
         if self._to_pump:
             self._pump_acked()
-        effects = Effects(self._deliveries, self._dead, self._updates, self._timers)
-        self._deliveries, self._dead, self._updates, self._timers = [], [], [], set()
-        if self._events:
-            # Observers hear what a pass did in one call, runs as one event each: per message, a
-            # call and an event object for each observer cost as much as the delivery itself.
-            events, self._events, self._ack_run = self._events, [], None
-            for observer in self._observers:
-                observer.on_events(events)
-        return effects
+        return self._take()
 
     def _pump_acked(self) -> None:
         to_pump, self._to_pump = self._to_pump, {}
@@ -139,10 +110,6 @@ class Engine:
     def mark_timer(self, sub_id: int) -> None:
         """Have the runtime look at this subscription's deadline again."""
         self._timers.add(sub_id)
-
-    def _emit(self, event: Event) -> None:
-        self._events.append(event)
-        self._ack_run = None
 
     # -- queries -----------------------------------------------------------------------------------
 
@@ -186,6 +153,13 @@ class Engine:
     def inspect(self) -> Inspection:
         """Queries for tests, benchmarks and debugging (not used by the server)."""
         return Inspection(self)
+
+    def state_of(self, sub_id: int) -> Sub:
+        """What the engine holds of one subscription (for `Inspection`: read it, never change it)."""
+        return self._subs[sub_id]
+
+    def client_ids(self) -> list[str]:
+        return list(self._clients)
 
     def is_online(self, sub_id: int) -> bool:
         return self._subs[sub_id].online
@@ -394,7 +368,7 @@ class Engine:
 
     def _leave(self, sub: Sub, now: float, *, keep_durable: bool) -> None:
         record = sub.record
-        self._idle_since[record.channel] = now  # the inactivity clock counts from the last one leaving
+        self._activity.touched(record.channel, now)  # the inactivity clock counts from the last one leaving
         self._by_ack_inbox.pop(record.ack_inbox, None)
         client = self._clients.get(record.client_id)
         if client is not None:
@@ -591,7 +565,7 @@ class Engine:
 
     def on_appended(self, channel: str, now: float, messages: Sequence[Message] = ()) -> None:
         """New messages were committed to `channel` (pass them to spare the store a read)."""
-        self._idle_since[channel] = now
+        self._activity.touched(channel, now)
         info = self.store.channel_info(channel)
         if info is not None:
             self._last_seq[channel] = info.last_seq
@@ -633,22 +607,15 @@ class Engine:
     def _active_subs(self, channel: str) -> bool:
         return bool(self._plain.get(channel)) or any(g.members for g in self._groups.get(channel, {}).values())
 
-    def _idle_deadlines(self, now: float) -> Iterator[tuple[str, float]]:
-        """(channel, when it may be deleted) for channels with a MaxInactivity and no active subscription."""
-        for info in self.store.channels():
-            limit = self.store.limits.for_channel(info.name).max_inactivity_s
-            if limit > 0 and not self._active_subs(info.name):
-                yield info.name, self._idle_since.setdefault(info.name, now) + limit
-
     def inactive_channels(self, now: float) -> list[str]:
         """Channels idle for their MaxInactivity: no active subscription (offline durables and empty
         durable groups do not count) and no publish for that long. The caller deletes each one from
         the store and then calls `drop_channel`."""
-        return [name for name, due in self._idle_deadlines(now) if now >= due]
+        return self._activity.inactive(now)
 
     def next_inactivity_check(self, now: float) -> float | None:
         """When the next channel could become idle enough to delete (None: no channel has the limit)."""
-        return min((due for _, due in self._idle_deadlines(now)), default=None)
+        return self._activity.next_check(now)
 
     def drop_channel(self, channel: str) -> None:
         """Forget a deleted channel and everything on it (offline durables, empty durable groups)."""
@@ -662,8 +629,9 @@ class Engine:
                 client.subs.discard(record.sub_id)
             self._timers.add(record.sub_id)
             self._emit_if(SubscriptionRemoved(sub.ref))
-        for table in (self._plain, self._groups, self._last_seq, self._idle_since):
+        for table in (self._plain, self._groups, self._last_seq):
             table.pop(channel, None)
+        self._activity.forget(channel)
         self._reader.release_appended(channel)
         self._reader.forget()
 
@@ -886,77 +854,59 @@ class Engine:
         self._pump_group(group, now)
         return len(expired)
 
-    # -- restart -----------------------------------------------------------------------------------
+    # -- restart: the calls `streaming.core.engine.recovery` rebuilds the engine with ------------------
 
-    @classmethod
-    def recover(cls, store: Store, state: RecoveredState | None = None) -> Engine:
-        """An engine holding what the store recovered (see streaming.core.engine.recovery)."""
-        from streaming.core.engine.recovery import rebuild  # it builds on this module's structures
+    def group(self, channel: str, key: str) -> Group | None:
+        return self._groups.get(channel, {}).get(key)
 
-        return rebuild(cls(store), state if state is not None else store.recover())
+    def restore_group(self, record: SubscriptionRecord, key: str) -> Group:
+        """The queue group a recovered member belongs to (made on its first member), at the highest
+        position any of its members recorded."""
+        groups = self._groups.setdefault(record.channel, {})
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = Group(record.channel, key, record.is_durable, record.last_sent)
+        group.last_sent = max(group.last_sent, record.last_sent)
+        return group
+
+    def restore(self, record: SubscriptionRecord, pending: dict[int, int], group: Group | None, *, online: bool) -> Sub:
+        """A recovered subscription, with every pending message due (before any new one); online when
+        its client is registered and it was not closed."""
+        record = attrs.evolve(record, is_closed=not online)
+        sub = Sub(record, group, online)
+        for seq in sorted(pending):
+            sub.pending.add_due(seq, pending[seq], Reason.RESTART)
+        self._add(sub)
+        if record.is_durable and not record.queue_group:
+            self._durables[(record.client_id, record.channel, record.durable_name)] = sub
+        if group is not None:
+            group.members.append(sub)
+        if online:
+            self._by_ack_inbox[record.ack_inbox] = record.sub_id
+            self._clients[record.client_id].subs.add(record.sub_id)
+            if group is None:
+                self._plain.setdefault(record.channel, {})[record.sub_id] = sub
+        return sub
+
+    def restore_shadow(self, group: Group, sub: Sub) -> None:
+        """`sub` keeps an empty durable group's position and pending messages for the members to come."""
+        group.members.remove(sub)
+        group.shadow = sub
+
+    def hand_to_members(self, group: Group, pending: dict[int, int]) -> None:
+        """A recovered subscription's pending messages go to the live members of its group."""
+        self._distribute(group, sorted(pending.items()), Reason.RESTART)
+
+    def merge_pending(self, sub_id: int, seq: int, attempt: int) -> None:
+        """Record that `sub_id` holds `seq` pending (merging what another record of its group held)."""
+        self._updates.append(SetPending(sub_id, seq, attempt))
+
+    def discard_recovered(self, sub_id: int) -> None:
+        """A recovered subscription record that is not coming back is deleted from the store."""
+        self._updates.append(DeleteSubscription(sub_id))
 
     def start(self, now: float) -> None:
         """After recovery: redeliver everything recovered, then send what is new."""
         for sub in list(self._subs.values()):
             if sub.online:
                 self._pump_sub(sub, now)
-
-    # -- helpers -----------------------------------------------------------------------------------
-
-    def _emit_if(self, event: Event) -> None:
-        if self._observers:
-            self._emit(event)
-
-
-def dead_letter_payload(dead: DeadLetter) -> bytes:
-    """The dead-letter message body: JSON with where the message came from and its payload (base64)."""
-    return json.dumps(
-        {
-            "channel": dead.origin_channel,
-            "seq": dead.seq,
-            "timestamp_unix_ns": dead.message.timestamp_unix_ns,
-            "attempts": dead.attempts,
-            "sub_id": dead.sub_id,
-            "client_id": dead.client_id,
-            "durable_name": dead.durable_name,
-            "queue_group": dead.queue_group,
-            "reply": dead.message.reply,
-            "data_b64": base64.b64encode(dead.message.data).decode(),
-        },
-        separators=(",", ":"),
-    ).encode()
-
-
-class Inspection:
-    """Read-only queries of one engine's state, for tests, benchmarks and debugging; the server itself
-    asks only what `Engine` answers directly."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-
-    def client_ids(self) -> list[str]:
-        return list(self._engine._clients)
-
-    def pending(self, sub_id: int) -> dict[int, int]:
-        """seq -> attempt of one subscription's unacknowledged messages."""
-        sub = self._engine._subs[sub_id]
-        return {seq: sub.pending.attempt(seq) for seq in sub.pending}
-
-    def in_flight(self, sub_id: int) -> int:
-        """Pending messages sent and not yet expired (excludes those waiting to be redelivered)."""
-        return self._engine._subs[sub_id].pending.in_flight
-
-    def waiting(self, sub_id: int) -> set[int]:
-        """Pending messages due for redelivery that the subscription cannot take yet."""
-        return set(self._engine._subs[sub_id].pending.due())
-
-    def owner_key(self, sub_id: int) -> tuple[str, str, int]:
-        """Who acks count for: the queue group (any member) or the subscription itself."""
-        sub = self._engine._subs[sub_id]
-        if sub.group is not None:
-            return (sub.group.channel, sub.group.name, 0)
-        return (sub.record.channel, "", sub_id)
-
-    def group_members(self, channel: str, group_key: str) -> list[int]:
-        group = self._engine._groups.get(channel, {}).get(group_key)
-        return [] if group is None else [m.record.sub_id for m in group.members]

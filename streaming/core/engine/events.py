@@ -6,7 +6,9 @@ Metrics and the event log subscribe as observers; the engine imports neither.
 
 from __future__ import annotations
 
+import base64
 import enum
+import json
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
@@ -215,3 +217,22 @@ def per_message(events: Sequence[Event]) -> Iterator[Event]:
                 yield Acked(sub, seq, attempt, pending)
         else:
             yield event
+
+
+def dead_letter_payload(dead: DeadLetter) -> bytes:
+    """The dead-letter message body: JSON with where the message came from and its payload (base64)."""
+    return json.dumps(
+        {
+            "channel": dead.origin_channel,
+            "seq": dead.seq,
+            "timestamp_unix_ns": dead.message.timestamp_unix_ns,
+            "attempts": dead.attempts,
+            "sub_id": dead.sub_id,
+            "client_id": dead.client_id,
+            "durable_name": dead.durable_name,
+            "queue_group": dead.queue_group,
+            "reply": dead.message.reply,
+            "data_b64": base64.b64encode(dead.message.data).decode(),
+        },
+        separators=(",", ":"),
+    ).encode()
