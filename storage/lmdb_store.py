@@ -34,6 +34,11 @@ nothing committed (the page cache has it); a crash of the machine loses what was
 last flush and, since LMDB then relies on the filesystem keeping the order of writes, can leave the
 state environment damaged.
 
+Checkpoints are `storage.checkpointer`'s (when, and the LMDB commit); verifying the files and the
+messages is `storage.lmdb_verify`'s. What stays here is one job, keeping the message log's three
+places (the in-memory tail, the journal, LMDB) consistent under the locks they share, which is why
+it runs over 500 lines.
+
 Locks, outermost first: the append lock (one append, eviction or journal switch at a time), the
 message environment's write lock (checkpoints, channel creation and deletion), the memory lock (the
 in-memory messages and how far LMDB goes; held only for a few dictionary operations).
@@ -55,6 +60,7 @@ import attrs
 import lmdb
 
 from storage.base import SCHEMA_VERSION, VERIFY_MODES, Store, StoreStatistics, now_or
+from storage.checkpointer import Checkpointer, write_checkpoint
 from storage.codec import (
     EMPTY_HEAD,
     JOURNAL_RUN,
@@ -62,16 +68,13 @@ from storage.codec import (
     U32,
     U64,
     decode_channel,
-    decode_lost,
     decode_message,
     decode_record,
     encode_channel,
     encode_head,
     encode_run,
     key_seq,
-    lost_key,
     message_timestamp,
-    value_intact,
 )
 from storage.dirlock import DirectoryLock
 from storage.environment import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE, Environment, MiB, delete_prefix
@@ -81,12 +84,12 @@ from storage.errors import (
     IntegrityError,
     SchemaVersionError,
     StoreError,
-    StoreFullError,
 )
-from storage.integrity import Damage, is_empty_or_missing, lmdb_file_problem, structure_problems
+from storage.integrity import Damage
 from storage.journal import NAMES as JOURNAL_NAMES
 from storage.journal import Journal, Seed, keyed, unkeyed
 from storage.limits import StoreLimits, plan_eviction
+from storage.lmdb_verify import channel_ends, check_against_meta, check_files, scan_messages
 from storage.records import (
     AppendResult,
     ChannelInfo,
@@ -145,21 +148,22 @@ class LmdbStore(Store):
         self.synced = sync
         self.path = Path(directory)
         self.path.mkdir(parents=True, exist_ok=True)
-        self._checkpoint_bytes = checkpoint_bytes
-        self._max_journal_bytes = max(checkpoint_bytes * 8, 64 * MiB)
-        self._checkpoint_interval = checkpoint_interval
+        self._checkpoints = Checkpointer(
+            self.path,
+            self._checkpoint_now,
+            lambda: self._journal.active_bytes,
+            every_bytes=checkpoint_bytes,
+            interval_s=checkpoint_interval,
+            max_bytes=max(checkpoint_bytes * 8, 64 * MiB),
+        )
         self._append_lock = threading.Lock()  # one append (or eviction, or journal switch) at a time
         self._mem_lock = threading.Lock()  # innermost: the in-memory messages and what LMDB holds
         self._checkpoint_lock = threading.Lock()
-        self._wake = threading.Condition()  # the checkpoint thread, and appends waiting for room
         self._recent: dict[int, dict[int, tuple[bytes, bytes]]] = {}  # channel id -> seq -> (key, value)
         self._copying: dict[int, dict[int, tuple[bytes, bytes]]] = {}  # being checkpointed
         self._in_lmdb: dict[int, int] = {}  # channel id -> last seq checkpointed into LMDB
         self._dirty: set[int] = set()  # channels whose in-memory state LMDB does not have yet
         self._unretired: int | None = None  # a journal epoch whose checkpoint failed
-        self._checkpoint_error: StoreError | None = None
-        self._closing = False
-        self._checkpointer: threading.Thread | None = None
         self._damaged: dict[tuple[str, int], None] = {}  # messages found damaged when read (bounded)
         self.damaged_reads = 0  # reads that met a damaged message
         self._lock = DirectoryLock(self.path)
@@ -186,49 +190,13 @@ class LmdbStore(Store):
         msgs_dir, state_dir = self.path / "msgs", self.path / "state"
         msgs_data, state_data = msgs_dir / "data.mdb", state_dir / "data.mdb"
         journals = [msgs_dir / name for name in JOURNAL_NAMES]
-        for data in (msgs_data, state_data):
-            if not is_empty_or_missing(data):
-                problem = lmdb_file_problem(data)
-                if problem is not None:
-                    raise DamagedStoreError(f"{data} {problem}")
-        if is_empty_or_missing(msgs_data):
-            holding = [str(p) for p in (state_data, *journals) if not is_empty_or_missing(p)]
-            if holding:
-                raise DamagedStoreError(
-                    f"{msgs_data} is {'empty' if msgs_data.exists() else 'missing'}, but other files of the store "
-                    f"hold data ({', '.join(holding)}): the channels and messages it held are gone"
-                )
-        for env_dir, check in ((state_dir, True), (msgs_dir, verify == "full")):
-            if check and not is_empty_or_missing(env_dir / "data.mdb"):
-                problems = structure_problems(env_dir)
-                if problems:
-                    more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
-                    raise DamagedStoreError(f"{env_dir / 'data.mdb'} is damaged: {problems[0]}{more}")
+        check_files(msgs_dir, state_dir, journals, verify)
 
         # Always synced: LMDB is written only by checkpoints, and a checkpoint must be whole on disk
         # before the journal file it copied is written again.
         self._msgs = self._open_env("msgs", ["meta", "channels", "messages"], map_size, max_map_size)
         meta = self._msgs.dbs["meta"]
-        existing = self._msgs.read(lambda txn: txn.get(b"cluster_id", db=meta)) is not None
-        if existing and is_empty_or_missing(state_data):
-            raise DamagedStoreError(
-                f"{state_data} is {'empty' if state_data.exists() else 'missing'}: the subscriptions, their "
-                "positions and unacknowledged messages, and the clients it held are gone"
-            )
-        schema = self._msgs.read(partial(_get_meta, db=meta, key=b"schema_version"))
-        if existing and schema is not None and U32.unpack(schema)[0] >= 2:
-            sizes = self._msgs.read(partial(_get_meta, db=meta, key=b"journal_sizes"))
-            known = [U64.unpack_from(sizes, 8 * i)[0] for i in range(len(journals))] if sizes else [0] * len(journals)
-            for journal, size in zip(journals, known, strict=True):
-                if not journal.exists():
-                    raise DamagedStoreError(
-                        f"{journal} is missing: it held the acknowledged messages not yet copied into {msgs_data}"
-                    )
-                if journal.stat().st_size < size:
-                    raise DamagedStoreError(
-                        f"{journal} was cut short: it is {journal.stat().st_size} bytes long, but it was {size}; "
-                        f"it held the acknowledged messages not yet copied into {msgs_data}"
-                    )
+        check_against_meta(self._msgs, state_data, journals)
         self._state = self._open_env(
             "state",
             STATE_DATABASES,
@@ -247,7 +215,8 @@ class LmdbStore(Store):
         self._next_channel_id = 1 + max((c.channel_id for c in self._channels.values()), default=0)
         self._next_channel_id = max(self._next_channel_id, self._msgs.read(self._stored_next_channel_id))
         self._in_lmdb = {c.channel_id: c.last_seq for c in self._channels.values()}
-        damage = self.scan_messages() if verify == "full" else self._check_channel_ends()
+        bounds = [(info, self._in_lmdb.get(info.channel_id, 0)) for info in self._channels.values()]
+        damage = scan_messages(self._msgs, bounds) if verify == "full" else channel_ends(self._msgs, bounds)
         if damage:
             lines = damage.lines()
             more = f" (and {len(lines) - 1} more problems)" if len(lines) > 1 else ""
@@ -257,9 +226,8 @@ class LmdbStore(Store):
         self._replay(recovery.bodies)
         self._unretired = recovery.unretired
         if recovery.bodies:
-            self._try_checkpoint()
-        self._checkpointer = threading.Thread(target=self._checkpoints, name=f"checkpoint {self.path}", daemon=True)
-        self._checkpointer.start()
+            self._checkpoints.try_checkpoint()
+        self._checkpoints.start()
 
     def _journal_seed(self, txn: lmdb.Transaction) -> Seed:
         meta = self._msgs.dbs["meta"]
@@ -397,7 +365,7 @@ class LmdbStore(Store):
 
     def append(self, messages: Sequence[MessageToAppend], now_unix_ns: int | None = None) -> AppendResult:
         now = now_or(now_unix_ns)
-        self._wait_for_journal_room()
+        self._checkpoints.wait_for_room()
         with self._append_lock:
             if not self._schema_current:
                 self._upgrade_schema()
@@ -439,9 +407,8 @@ class LmdbStore(Store):
                 gone = self._add(info, ts, items, size, now)
                 if gone:
                     dropped[info.name] = gone
-        if self._journal.active_bytes >= self._checkpoint_bytes:
-            with self._wake:
-                self._wake.notify_all()
+        if self._checkpoints.due():
+            self._checkpoints.poke()
         return AppendResult(assigned, dropped)
 
     def _add(self, info: ChannelInfo, ts: int, items: list[tuple[bytes, bytes]], size: int, now: int) -> range:
@@ -655,76 +622,13 @@ class LmdbStore(Store):
             self.checkpoint()
         return ExpireResult(dropped, next_expiry)
 
-    # -- verification ------------------------------------------------------------------------------
+    # -- verification ----------------------------------------------------------------------------
 
     def scan_messages(self) -> Damage:
-        """Every message LMDB holds, checksum by checksum, and each channel's count against its record
-        (sequences a repair recorded as lost are not missing). Messages only in the journal were
-        verified when it was read."""
-        damage = Damage()
-        db, meta = self._msgs.dbs["messages"], self._msgs.dbs["meta"]
+        """Every message LMDB holds, checksum by checksum (see `storage.lmdb_verify.scan_messages`)."""
         with self._mem_lock:
             bounds = [(info, self._in_lmdb.get(info.channel_id, 0)) for info in self._channels.values()]
-
-        def scan(txn: lmdb.Transaction) -> None:
-            cursor = txn.cursor(db=db)
-            for info, in_lmdb in bounds:
-                cid, last = info.channel_id, min(in_lmdb, info.last_seq)
-                if last < info.first_seq:
-                    continue
-                end, present, bad = MSG_KEY.pack(cid, last), 0, []
-                if cursor.set_range(MSG_KEY.pack(cid, info.first_seq)):
-                    for key, value in cast("Iterator[tuple[bytes, bytes]]", cursor.iternext()):
-                        if key > end:
-                            break
-                        present += 1
-                        if not value_intact(key, value):
-                            bad.append(key_seq(key))
-                if bad:
-                    damage.damaged[info.name] = set(bad)
-                expected = info.msgs - (info.last_seq - last)  # the rest is in the journal
-                if present != expected:
-                    lost = decode_lost(txn.get(lost_key(cid), db=meta))
-                    gone = {
-                        seq
-                        for seq in range(info.first_seq, last + 1)
-                        if seq not in lost and txn.get(MSG_KEY.pack(cid, seq), db=db) is None
-                    }
-                    if gone:
-                        damage.missing[info.name] = gone
-                    else:
-                        damage.problems.append(
-                            f"channel {info.name!r}: its record counts {expected} messages, but {present} are stored"
-                        )
-
-        self._msgs.read(scan)
-        return damage
-
-    def _check_channel_ends(self) -> Damage:
-        """Each channel's first and last message as LMDB holds them (the quick check at open)."""
-        damage = Damage()
-        db = self._msgs.dbs["messages"]
-
-        def check(txn: lmdb.Transaction) -> None:
-            cursor = txn.cursor(db=db)
-            for info in self._channels.values():
-                cid = info.channel_id
-                if not info.msgs or self._in_lmdb.get(cid, 0) < info.first_seq:
-                    continue
-                ends = []
-                if cursor.set_range(MSG_KEY.pack(cid, info.first_seq)):
-                    ends.append((cursor.key(), cursor.value()))
-                past = cursor.set_range(MSG_KEY.pack(cid, self._in_lmdb[cid] + 1))
-                if cursor.prev() if past else cursor.last():
-                    ends.append((cursor.key(), cursor.value()))
-                for key, value in ends:
-                    if MSG_KEY.unpack(key)[0] != cid:
-                        damage.problems.append(f"channel {info.name!r}: none of its messages are stored")
-                    elif not value_intact(key, value):
-                        damage.damaged.setdefault(info.name, set()).add(key_seq(key))
-
-        self._msgs.read(check)
-        return damage
+        return scan_messages(self._msgs, bounds)
 
     # -- checkpoints -----------------------------------------------------------------------------
 
@@ -733,6 +637,9 @@ class LmdbStore(Store):
 
         The store's own thread does this every `checkpoint_interval` or `checkpoint_bytes` of journal,
         whichever comes first; appends go on meanwhile, into the other file."""
+        self._checkpoint_now()
+
+    def _checkpoint_now(self) -> None:
         with self._checkpoint_lock:
             with self._append_lock:
                 if not self._dirty:
@@ -747,10 +654,10 @@ class LmdbStore(Store):
                 infos = [c for c in self._channels.values() if c.channel_id in self._dirty]
                 dirty, self._dirty = self._dirty, set()
                 copying = self._copying
-            with self._wake:
-                self._wake.notify_all()  # appends waiting for journal room
+            self._checkpoints.poke()  # appends waiting for journal room
             try:
-                self._commit(infos, copying, retired)
+                sizes = b"".join(U64.pack(f.allocated) for f in self._journal.files)
+                write_checkpoint(self._msgs, infos, copying, retired, sizes, self.path)
             except BaseException:
                 with self._append_lock, self._mem_lock:
                     for channel_id, older in copying.items():
@@ -765,82 +672,6 @@ class LmdbStore(Store):
                         self._in_lmdb[info.channel_id] = info.last_seq
                 self._copying = {}
                 self._unretired = None
-
-    def _commit(
-        self, infos: list[ChannelInfo], copying: dict[int, dict[int, tuple[bytes, bytes]]], retired: int | None
-    ) -> None:
-        dbs = self._msgs.dbs
-
-        def write(txn: lmdb.Transaction) -> None:
-            cursor = txn.cursor(db=dbs["messages"])
-            for info in infos:
-                stored = txn.get(info.name.lower().encode(), db=dbs["channels"])
-                old = None if stored is None else decode_channel(stored)
-                if old is None or old.channel_id != info.channel_id:
-                    continue  # deleted meanwhile
-                new = copying.get(info.channel_id, _EMPTY)
-                start = max(info.first_seq, old.last_seq + 1)
-                items = [new[seq] for seq in range(start, info.last_seq + 1)]
-                _, added = cursor.putmulti(items, overwrite=False)
-                if added != len(items):
-                    raise IntegrityError(
-                        f"{self.path}: {len(items) - added} new message keys already exist: channel metadata "
-                        "and the message log disagree"
-                    )
-                if old.first_seq < info.first_seq and old.msgs:
-                    end = MSG_KEY.pack(info.channel_id, info.first_seq)
-                    if cursor.set_range(MSG_KEY.pack(info.channel_id, old.first_seq)):
-                        while bytes(cursor.key()) < end and cursor.delete():
-                            pass
-                txn.put(info.name.lower().encode(), encode_channel(info), db=dbs["channels"])
-            if retired is not None:
-                txn.put(b"journal_epoch", U64.pack(retired), db=dbs["meta"])
-            # Journal files only grow: a later open that finds one shorter knows it was cut.
-            txn.put(b"journal_sizes", b"".join(U64.pack(f.allocated) for f in self._journal.files), db=dbs["meta"])
-
-        with self._msgs.write_lock:
-            self._msgs.write(write)
-
-    def _checkpoints(self) -> None:
-        """The checkpoint thread: wait for enough journal, or for the interval, then checkpoint."""
-        while True:
-            with self._wake:
-                deadline = time.monotonic() + self._checkpoint_interval
-                while not self._closing and self._journal.active_bytes < self._checkpoint_bytes:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._wake.wait(left)
-                if self._closing:
-                    return
-            try:
-                self._try_checkpoint()
-            except Exception as exc:  # a bug: keep the journal (appends stop once it is full), say so
-                log.exception("checkpoint failed")
-                self._checkpoint_error = StoreError(f"checkpoint failed: {exc!r}")
-
-    def _try_checkpoint(self) -> None:
-        """Checkpoint; a store error is logged and kept, not raised: the journal still has it all."""
-        try:
-            self.checkpoint()
-            self._checkpoint_error = None
-        except StoreError as exc:
-            if self._checkpoint_error is None:
-                log.error("checkpoint failed (the journal keeps every message; retrying): %s", exc)
-            self._checkpoint_error = exc
-
-    def _wait_for_journal_room(self) -> None:
-        """Hold an append while the journal is far past a checkpoint that has not caught up."""
-        if self._journal.active_bytes < self._max_journal_bytes:
-            return
-        with self._wake:
-            self._wake.notify_all()
-            while self._journal.active_bytes >= self._max_journal_bytes and not self._closing:
-                if self._checkpoint_error is not None:
-                    raise StoreFullError(
-                        f"{self.path}: the journal is full and cannot be checkpointed ({self._checkpoint_error})"
-                    )
-                self._wake.wait(0.1)
 
     # -- subscriptions and clients (storage.subscription_state) ------------------------------------
 
@@ -873,13 +704,9 @@ class LmdbStore(Store):
 
     def close(self) -> None:
         try:
-            if self._checkpointer is not None:  # opened completely (else the journal was not read)
-                with self._wake:
-                    self._closing = True
-                    self._wake.notify_all()
-                self._checkpointer.join()
-                self._checkpointer = None
-                self._try_checkpoint()  # a clean stop leaves an empty journal: the next open replays nothing
+            if self._checkpoints.stop():  # opened completely (else the journal was not read)
+                # A clean stop leaves an empty journal: the next open replays nothing.
+                self._checkpoints.try_checkpoint()
                 try:
                     with self._append_lock:
                         self._journal.mark_closed()
