@@ -298,3 +298,29 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def salvage_records(fd: int, checkpointed: int, seed: Seed) -> tuple[list[tuple[int, bytes]], list[tuple[int, int]]]:
+    """Every valid record at the start of a journal file (older than the checkpoint too: a second copy of
+    what LMDB holds), those past a damaged stretch included, and the damaged stretches (start, stop)
+    between them. A stretch that nothing newer than the checkpoint follows is a torn tail or stale
+    bytes, not damage."""
+    size = os.fstat(fd).st_size
+    records: list[tuple[int, bytes]] = []
+    damaged: list[tuple[int, int]] = []
+    offset = 0
+    while offset < size:
+        found = record_at(fd, offset, size, seed)
+        if found is not None:
+            epoch, body = found
+            if not body:  # the clean-close marker: nothing follows it
+                break
+            records.append((epoch, body))  # older than the checkpoint too: a second copy of what LMDB holds
+            offset += 16 + len(body)
+            continue
+        following = next_record(fd, offset + 1, size, checkpointed, seed)
+        if following is None:
+            break
+        damaged.append((offset, following))
+        offset = following
+    return records, damaged
