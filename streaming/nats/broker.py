@@ -1,13 +1,12 @@
 """The embedded NATS core broker under Trio: accepts connections, routes messages by subject.
 
-Each connection is a nursery with a reader (this connection's handler task), a writer and a pinger.
-The writer sends whatever queued up since its last send in one `send_all` (writes are coalesced).
-What a reader's chunk of input (or a `holding_writes` block) queues is instead written at the end of
-it, straight to each socket whose writer is idle: a non-blocking write, no task switch, which is most
-of a delivery's latency on the server; whatever the socket does not take goes to the writer. The
-queue is bounded in bytes: a client that lets more than `max_pending_bytes` pile up, or does not
-take a write within `write_deadline`, gets `-ERR 'Slow Consumer'` and is disconnected, and no
-publisher ever waits for it.
+Each connection (streaming.nats.connection) is a nursery with a reader (this connection's handler
+task, here), a writer and a pinger (there); what each request is answered is decided by its session
+(streaming.nats.session, sans-IO) and carried out here. What a reader's chunk of input (or a
+`holding_writes` block) queues is written at the end of it, straight to each socket whose writer is
+idle: a non-blocking write, no task switch, which is most of a delivery's latency on the server.
+This module keeps one job, routing by subject under the server's rules for its own subjects, which
+is why it runs past 500 lines.
 
 In-process subscribers (the STAN layer) register handlers with `subscribe()`. A handler runs in the
 publishing connection's reader task, in arrival order; it may return an awaitable, which the reader
@@ -46,11 +45,11 @@ import attrs
 import trio
 
 from streaming.nats.bus import UNKNOWN_ORIGIN, BusStatistics, Handler, Origin, RunHandler, SpanListener, handle_read
+from streaming.nats.connection import Connection, Sub
 from streaming.nats.memory import release_freed_memory
+from streaming.nats.session import INVALID_PUBLISH_SUBJECT, Refusal, violation
 from streaming.security.auth import Authenticator
-from streaming.security.permissions import Compiled
 from streaming.wire import nats as p
-from streaming.wire.sockets import write_now
 from streaming.wire.subjects import Sublist, valid_literal, valid_subject
 
 log = logging.getLogger(__name__)
@@ -96,133 +95,6 @@ _ERROR_KINDS: dict[str, str] = {
 PROTOCOL_ERROR_KINDS = (*_ERROR_KINDS.values(), "permissions", "authorization", "tls", "other")
 
 
-class _Sub:
-    """One subscription: a remote connection's sid, or an in-process handler (conn is None)."""
-
-    __slots__ = ("conn", "delivered", "denied", "handler", "literal", "max_msgs", "queue", "runs", "sid", "subject")
-
-    def __init__(
-        self,
-        conn: Connection | None,
-        sid: str,
-        subject: str,
-        queue: str,
-        handler: Handler | None,
-        runs: RunHandler | None = None,
-    ) -> None:
-        self.conn = conn
-        self.sid = sid
-        self.subject = subject
-        self.queue = queue
-        self.handler = handler
-        self.runs = runs
-        self.max_msgs: int | None = None
-        self.delivered = 0
-        self.literal = "*" not in subject and ">" not in subject
-        self.denied: Compiled | None = None  # its user's permissions, when some subjects it matches are denied
-
-
-class Connection:
-    """One client connection's state. `send` never blocks: it queues bytes for the writer."""
-
-    def __init__(self, broker: Broker, stream: trio.SocketStream, cid: int) -> None:
-        self.broker = broker
-        self.socket_stream = stream
-        self.stream: trio.abc.Stream = stream  # a TLS stream over the socket once the handshake is done
-        self.tls = False  # writes go through the TLS stream: never straight to the socket
-        self.cid = cid
-        self.parser = p.ServerConnection(broker.config.max_payload, broker.config.max_control_line)
-        self.out: list[bytes] = []
-        self.pending_bytes = 0
-        self.has_data = trio.Event()
-        self.flushed = trio.Event()  # set by the writer once a closing connection's last bytes went out
-        self.writing = False  # the writer is inside a send_all: nothing may be written past it
-        self.partial = False  # the socket took part of a message: the writer still owes it the rest
-        self.held = False  # queued bytes wait for the end of the broker's `holding_writes` block
-        self.closing = False
-        self.abort = False  # close at once, without waiting for queued bytes to go out (a slow consumer)
-        self.connected = trio.Event()  # CONNECT received (and its credentials, when asked for, right)
-        self.authorized = not broker.auth.required  # nothing but CONNECT is taken until it is
-        self.origin = Origin(cid)  # who it is, as handlers are told (its user once its CONNECT proves it)
-        self.nonce = secrets.token_urlsafe(11) if broker.auth.wants_nonce else ""  # for an nkey to sign
-        self.verbose = False
-        self.pedantic = False
-        self.echo = True
-        self.name = ""
-        self.pings_out = 0
-        self.subs: dict[str, _Sub] = {}
-        self.reserved: set[str] = set()  # subjects reserved for this connection
-        self.reader_scope: trio.CancelScope | None = None
-        try:
-            self.remote = str(stream.socket.getpeername())
-        except OSError:
-            self.remote = "?"
-
-    def send(self, data: bytes) -> None:
-        if self.closing:
-            return
-        self.out.append(data)
-        self.pending_bytes += len(data)
-        if self.pending_bytes > self.broker.config.max_pending_bytes:
-            self.broker.slow_consumers += 1
-            log.warning(
-                "connection %d (%s) is a slow consumer: %d bytes pending", self.cid, self.remote, self.pending_bytes
-            )
-            self.out.clear()
-            self.pending_bytes = 0
-            self.drop(p.SLOW_CONSUMER)
-            return
-        if self.broker.holding:
-            if not self.held:
-                self.held = True
-                self.broker.held.append(self)
-        else:
-            self.has_data.set()
-
-    def write_now(self) -> None:
-        """Write what is queued straight to the socket if the writer is idle; the writer gets the rest
-        (a full socket buffer, an error to meet)."""
-        self.held = False
-        if not self.out:
-            return
-        if self.writing or self.closing or self.tls:
-            self.has_data.set()
-            return
-        data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
-        sent = write_now(self.socket_stream, data)
-        if sent == len(data):
-            self.out.clear()
-            self.pending_bytes = 0
-            return
-        self.partial = sent > 0
-        self.out[:] = [data[sent:]]
-        self.pending_bytes = len(data) - sent
-        self.has_data.set()
-
-    def fail(self, text: str) -> None:
-        """Send `-ERR 'text'` and close this connection (after what is already queued)."""
-        if self.closing:
-            return
-        self.out.append(p.encode_err(text))
-        self.closing = True
-        self.has_data.set()
-        if self.reader_scope is not None:
-            self.reader_scope.cancel()
-
-    def drop(self, text: str) -> None:
-        """Close this connection now, with what is queued: its socket is not taking it. The `-ERR` is
-        written only if the socket takes it at once and no write is under way (it would land in the
-        middle of a message): best effort, as nats-server's."""
-        if self.closing:
-            return
-        if not (self.writing or self.partial or self.tls):
-            write_now(self.socket_stream, p.encode_err(text))
-        self.closing = self.abort = True
-        self.has_data.set()
-        if self.reader_scope is not None:
-            self.reader_scope.cancel()
-
-
 class Broker:
     def __init__(
         self,
@@ -236,7 +108,7 @@ class Broker:
         self.tls = tls  # every connection: a plain INFO, then the TLS handshake (nats-server's way)
         self.tls_verify = tls_verify  # client certificates are required (INFO says so)
         self.server_id = secrets.token_hex(11).upper()
-        self._sublist: Sublist[_Sub] = Sublist()
+        self._sublist: Sublist[Sub] = Sublist()
         self._sub_added = trio.Event()
         self._conns: dict[int, Connection] = {}
         self._cids = itertools.count(1)
@@ -260,12 +132,12 @@ class Broker:
         """Register an in-process subscriber; returns a token for `unsubscribe`. `runs`: see `Bus`."""
         if not valid_subject(subject):
             raise ValueError(f"invalid subject {subject!r}")
-        sub = _Sub(None, "", subject, queue, handler, runs)
+        sub = Sub(None, "", subject, queue, handler, runs)
         self._sublist.add(sub, subject, queue)
         return sub
 
     def unsubscribe(self, token: object) -> None:
-        assert isinstance(token, _Sub)
+        assert isinstance(token, Sub)
         self._sublist.remove(token)
 
     def add_span_listener(self, listener: SpanListener) -> None:
@@ -326,7 +198,7 @@ class Broker:
         if owner is None:
             return _ANYONE
         if origin is not None:  # a client writing into another's inbox: forging its messages
-            self._violation(origin, "Publish", subject)
+            self._refuse(origin, violation("Publish", subject))
             return _NOBODY
         return owner or _LITERAL
 
@@ -394,7 +266,7 @@ class Broker:
             sub.delivered += len(payloads)
 
     def _route(
-        self, subject: str, reply: str, payload: bytes, origin: Connection | None, subs: list[_Sub] | None = None
+        self, subject: str, reply: str, payload: bytes, origin: Connection | None, subs: list[Sub] | None = None
     ) -> list[Awaitable[None]]:
         """Hand a message to everyone it reaches (`subs`: `subject`'s match, if the caller has it)."""
         waits: list[Awaitable[None]] = _NO_WAITS  # allocated only when a handler returns something
@@ -413,12 +285,14 @@ class Broker:
                 allowed = self._receivers(subject, origin)
             if allowed and not (conn.cid == allowed or (allowed == _LITERAL and sub.literal)):
                 continue
-            if (conn is origin and not conn.echo) or (sub.denied is not None and not sub.denied.may_receive(subject)):
+            if (conn is origin and not conn.session.echo) or (
+                sub.denied is not None and not sub.denied.may_receive(subject)
+            ):
                 continue
             self._send(sub, conn, subject, reply, payload)
         return waits
 
-    def _send(self, sub: _Sub, conn: Connection, subject: str, reply: str, payload: bytes) -> None:
+    def _send(self, sub: Sub, conn: Connection, subject: str, reply: str, payload: bytes) -> None:
         """One message to one remote subscription (which it may end, at its UNSUB maximum)."""
         conn.send(p.encode_msg(subject, sub.sid, reply, payload))
         self.out_msgs += 1
@@ -500,8 +374,8 @@ class Broker:
             elif not await self._start_tls(conn, info, self.tls):
                 return
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._writer, conn)
-                nursery.start_soon(self._pinger, conn)
+                nursery.start_soon(conn.write_out)
+                nursery.start_soon(conn.ping_out)
                 with trio.CancelScope() as scope:
                     conn.reader_scope = scope
                     await self._reader(conn)
@@ -563,55 +437,6 @@ class Broker:
             **({"tls_verify": True} if self.tls_verify else {}),
         }
 
-    async def _writer(self, conn: Connection) -> None:
-        stream = conn.stream
-        try:
-            while True:
-                await conn.has_data.wait()
-                conn.has_data = trio.Event()
-                if conn.out:
-                    data = b"".join(conn.out) if len(conn.out) > 1 else conn.out[0]
-                    conn.out.clear()
-                    conn.pending_bytes = 0
-                    conn.writing = True
-                    with trio.move_on_after(self.config.write_deadline_s) as deadline:
-                        await stream.send_all(data)
-                    conn.writing = conn.partial = False
-                    if deadline.cancelled_caught:
-                        self.slow_consumers += 1
-                        log.warning(
-                            "connection %d (%s) is a slow consumer: a write took over %.1f s",
-                            conn.cid,
-                            conn.remote,
-                            self.config.write_deadline_s,
-                        )
-                        break
-                if conn.closing and not conn.out:
-                    break
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the peer went away; the reader sees it too
-        conn.closing = True
-        conn.out.clear()
-        conn.flushed.set()
-        if conn.reader_scope is not None:
-            conn.reader_scope.cancel()
-
-    async def _pinger(self, conn: Connection) -> None:
-        if self.config.connect_timeout_s > 0:
-            with trio.move_on_after(self.config.connect_timeout_s):
-                await conn.connected.wait()
-            if not conn.connected.is_set():
-                log.info("connection %d (%s) sent no CONNECT: closing it", conn.cid, conn.remote)
-                conn.fail(p.AUTHENTICATION_TIMEOUT)
-                return
-        while True:
-            await trio.sleep(self.config.ping_interval_s)
-            if conn.pings_out >= self.config.max_pings_out:
-                conn.fail(p.STALE_CONNECTION)
-                return
-            conn.pings_out += 1
-            conn.send(p.PING_BYTES)
-
     async def _reader(self, conn: Connection) -> None:
         stream = conn.stream
         parser = conn.parser
@@ -663,7 +488,7 @@ class Broker:
         if event is p.NEED_DATA:
             return _NO_WAITS, False
         if type(event) is not p.Connect:
-            self._refuse(conn, "sent no CONNECT first")
+            self._unauthorized(conn, "sent no CONNECT first")
             return _NO_WAITS, False
         if self.auth.needs_thread(event.options):
             return [self._admit_checked(conn, event)], True
@@ -675,13 +500,14 @@ class Broker:
 
     def _admit(self, conn: Connection, event: p.Connect, user: str | None) -> None:
         if user is None:
-            self._refuse(conn, f"bad credentials (user {str(event.options.get('user', ''))[:64]!r})")
+            self._unauthorized(conn, f"bad credentials (user {str(event.options.get('user', ''))[:64]!r})")
             return
         conn.authorized = True
         conn.origin = Origin(conn.cid, user, self.auth.permissions(user))
+        conn.session.permissions = conn.origin.permissions
         self._on_control(conn, event)
 
-    def _refuse(self, conn: Connection, why: str) -> None:
+    def _unauthorized(self, conn: Connection, why: str) -> None:
         log.info("connection %d (%s): authorization violation: %s", conn.cid, conn.remote, why)
         self.protocol_errors["authorization"] += 1
         conn.fail(p.AUTHORIZATION_VIOLATION)
@@ -692,19 +518,20 @@ class Broker:
         self._run_rest = 0
         self.in_msgs += 1
         self.in_bytes += len(event.payload)
-        if conn.pedantic and not valid_literal(event.subject):
-            conn.send(p.encode_err(p.INVALID_PUBLISH_SUBJECT))
-            self.protocol_errors["invalid_publish_subject"] += 1
+        session = conn.session  # its decisions, read inline on this hot path (see Session)
+        if session.pedantic and not valid_literal(event.subject):
+            self._refuse(conn, INVALID_PUBLISH_SUBJECT)
             return []
-        if conn.verbose:
+        if session.verbose:
             conn.send(p.OK_BYTES)
         origin = conn.origin
-        permissions = origin.permissions
-        if permissions is not None and not self.internal(event.subject) and not permissions.may_publish(event.subject):
-            self._violation(conn, "Publish", event.subject)
-            return []
+        if origin.permissions is not None:
+            refusal = session.publish_refusal(event.subject, self.internal(event.subject))
+            if refusal is not None:
+                self._refuse(conn, refusal)
+                return []
         subs = self._sublist.match(event.subject)
-        if len(subs) == 1 and subs[0].runs is not None and budget and not conn.verbose:
+        if len(subs) == 1 and subs[0].runs is not None and budget and not session.verbose:
             payloads = [event.payload]
             more = parser.repeats(budget)
             if more:
@@ -718,52 +545,46 @@ class Broker:
         return self._route(event.subject, event.reply, event.payload, conn, subs)
 
     def _on_control(self, conn: Connection, event: p.Event) -> None:
+        session = conn.session
         if isinstance(event, p.Ping):
             conn.send(p.PONG_BYTES)
         elif isinstance(event, p.Pong):
-            conn.pings_out = 0
+            session.pong()
         elif isinstance(event, p.Sub):
-            if not valid_subject(event.subject) or (event.queue and not valid_literal(event.queue)):
-                conn.send(p.encode_err(p.INVALID_SUBJECT))
-                self.protocol_errors["invalid_subject"] += 1
-                return
-            permissions = conn.origin.permissions
-            if self.internal(event.subject) or (
-                permissions is not None and not permissions.may_subscribe(event.subject)
-            ):
-                self._violation(conn, "Subscription", event.subject)
+            refusal = session.subscription(event, self.internal(event.subject))
+            if refusal is not None:
+                self._refuse(conn, refusal)
                 return
             if event.sid not in conn.subs:  # a duplicate sid is ignored, as nats-server does
-                sub = conn.subs[event.sid] = _Sub(conn, event.sid, event.subject, event.queue, None)
-                if permissions is not None and permissions.filters(event.subject):
-                    sub.denied = permissions
+                sub = conn.subs[event.sid] = Sub(conn, event.sid, event.subject, event.queue, None)
+                sub.denied = session.filtered(event.subject)
                 self._sublist.add(sub, event.subject, event.queue)
                 self._sub_added.set()
                 self._sub_added = trio.Event()
-            if conn.verbose:
-                conn.send(p.OK_BYTES)
+            self._ok(conn)
         elif isinstance(event, p.Unsub):
             existing = conn.subs.get(event.sid)
             if existing is not None:
-                if event.max_msgs is None or existing.delivered >= event.max_msgs:
+                if session.unsubscribes_now(existing.delivered, event.max_msgs):
                     self._remove(conn, event.sid)
                 else:
                     existing.max_msgs = event.max_msgs
-            if conn.verbose:
-                conn.send(p.OK_BYTES)
+            self._ok(conn)
         elif isinstance(event, p.Connect):
             conn.connected.set()
-            conn.verbose = event.verbose
-            conn.pedantic = event.pedantic
-            conn.echo = event.echo
-            conn.name = str(event.options.get("name", ""))
-            if conn.verbose:
-                conn.send(p.OK_BYTES)
+            reply = session.connect(event)
+            if reply:
+                conn.send(reply)
 
-    def _violation(self, conn: Connection, what: str, subject: str) -> None:
-        """nats-server's answer to a publish or subscription the connection may not make (it stays open)."""
-        conn.send(p.encode_err(f'{p.PERMISSIONS_VIOLATION} for {what} to "{subject}"'))
-        self.protocol_errors["permissions"] += 1
+    def _ok(self, conn: Connection) -> None:
+        reply = conn.session.ok()
+        if reply:
+            conn.send(reply)
+
+    def _refuse(self, conn: Connection, refusal: Refusal) -> None:
+        """Tell the client why its request is refused (it stays connected), and count it."""
+        conn.send(refusal.error)
+        self.protocol_errors[refusal.kind] += 1
 
     def _remove(self, conn: Connection, sid: str) -> None:
         gone = conn.subs.pop(sid, None)
