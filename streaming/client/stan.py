@@ -22,18 +22,16 @@ import itertools
 import logging
 import secrets
 import ssl
-import time
-from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Self, TypedDict, TypeVar, Unpack
+from typing import TypeVar, Unpack
 
 import anyio
 import anyio.lowlevel
 from google.protobuf.message import Message as ProtoMessage
 
-from streaming.client.dedup import AckFloor, RecentAcks
 from streaming.client.nats_conn import ConnectionClosedError, NatsConnection, NatsError, NatsMsg, new_inbox
+from streaming.client.subscription import SubscribeOptions, Subscription
 from streaming.wire.positions import StartPosition
 from streaming.wire.stan_pb import protocol_pb2 as pb
 
@@ -76,180 +74,6 @@ class PubAckFuture:
         if self.error:
             raise StanError(self.error)
         return self.guid
-
-
-class Msg:
-    __slots__ = ("_sub", "data", "redelivered", "redelivery_count", "reply", "seq", "subject", "timestamp_unix_ns")
-
-    def __init__(self, sub: Subscription, proto: pb.MsgProto) -> None:
-        self._sub = sub
-        self.seq: int = proto.sequence
-        self.subject: str = proto.subject
-        self.reply: str = proto.reply
-        self.data: bytes = proto.data
-        self.timestamp_unix_ns: int = proto.timestamp
-        self.redelivered: bool = proto.redelivered
-        self.redelivery_count: int = proto.redeliveryCount
-
-    @property
-    def attempt(self) -> int:
-        return self.redelivery_count + 1
-
-    def ack(self) -> None:
-        """Acknowledge (never blocks)."""
-        self._sub._ack(self.seq)
-
-    def in_progress(self) -> None:
-        """Ask for another AckWait without acknowledging (this server's extension; others ignore it)."""
-        self._sub._send_ack(self.seq, in_progress=True)
-
-    def __repr__(self) -> str:
-        return f"Msg(seq={self.seq}, subject={self.subject!r}, redelivered={self.redelivered}, data={self.data!r})"
-
-
-class SubscribeOptions(TypedDict, total=False):
-    """The keyword options of `StanClient.open_subscription` (its signature has the defaults)."""
-
-    queue: str
-    durable: str
-    ack_wait: float
-    max_inflight: int
-    start_at: StartPosition
-    start_sequence: int
-    start_time_delta_s: float
-    manual_ack: bool
-    max_deliver: int
-    dead_letter_channel: str
-    backoff_s: tuple[float, ...]
-    max_inflight_redeliveries: bool
-    suppress_copies: bool
-
-
-class Subscription:
-    def __init__(
-        self, client: StanClient, channel: str, queue: str, durable: str, manual_ack: bool, suppress_copies: bool = True
-    ) -> None:
-        self.client = client
-        self.suppress_copies = suppress_copies
-        self.channel = channel
-        self.queue = queue
-        self.durable = durable
-        self.manual_ack = manual_ack
-        self.inbox = new_inbox(client.nats.inbox_prefix)
-        self.ack_inbox = ""
-        self.suppressed = 0  # redelivered copies not handed to the application
-        self._queue: deque[Msg] = deque()
-        self._queued: set[int] = set()
-        self._ready = anyio.Event()
-        self._floor = AckFloor()
-        self._recent = RecentAcks()
-        self._sid = ""
-        self._last: Msg | None = None
-        self._closed = False
-
-    def _on_msg(self, raw: NatsMsg) -> None:
-        try:
-            proto = pb.MsgProto.FromString(raw.data)
-        except Exception:
-            log.warning("undecodable message on %s", raw.subject)
-            return
-        seq = proto.sequence
-        if proto.redelivered and self.suppress_copies:
-            if self._is_acked(seq):
-                self.suppressed += 1
-                self._send_ack(seq)  # our earlier ack was lost: say it again
-                return
-            if seq in self._queued:
-                self.suppressed += 1  # a copy of one still waiting here: the application will get it once
-                return
-        if not self.queue:
-            self._floor.delivered(seq)
-        self._queue.append(Msg(self, proto))
-        self._queued.add(seq)
-        if len(self._queue) == 1:  # a reader waits only on an empty queue
-            self._ready.set()
-
-    def _is_acked(self, seq: int) -> bool:
-        if self.queue:
-            return self._recent.is_acked(seq, time.monotonic())
-        return self._floor.is_acked(seq)
-
-    def _ack(self, seq: int) -> None:
-        if self.queue:
-            self._recent.acked(seq, time.monotonic())
-        else:
-            self._floor.acked(seq)
-        self._send_ack(seq)
-
-    def _send_ack(self, seq: int, *, in_progress: bool = False) -> None:
-        if self.ack_inbox and not self.client.nats.closed:
-            ack = pb.Ack(subject=self.channel, sequence=seq, inProgress=in_progress)
-            self.client.nats.publish(self.ack_inbox, ack.SerializeToString())
-
-    async def next_msg(self) -> Msg:
-        """The next message (bound the wait with `anyio.fail_after`); in auto-ack mode the previous one
-        is acknowledged first."""
-        if self._last is not None and not self.manual_ack:
-            self._last.ack()
-            self._last = None
-        while not self._queue:
-            if self._closed or self.client.closed:
-                raise ConnectionClosedError("subscription closed")
-            await self._ready.wait()
-            self._ready = anyio.Event()
-        msg = self._queue.popleft()
-        self._queued.discard(msg.seq)
-        self._last = msg
-        return msg
-
-    def pending(self) -> int:
-        return len(self._queue)
-
-    def progress_held(self) -> int:
-        """Ask for another AckWait for every message this subscription holds unacknowledged: those
-        waiting here and the one last handed to the application. Called more often than AckWait by an
-        application whose handler is slow, it keeps held messages from being redelivered (a server
-        without this extension ignores it). Returns how many were touched."""
-        seqs = [msg.seq for msg in self._queue]
-        if self._last is not None and not self._is_acked(self._last.seq) and self._last.seq not in self._queued:
-            seqs.append(self._last.seq)
-        for seq in seqs:
-            self._send_ack(seq, in_progress=True)
-        return len(seqs)
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> Msg:
-        try:
-            return await self.next_msg()
-        except ConnectionClosedError:
-            raise StopAsyncIteration from None
-
-    async def unsubscribe(self) -> None:
-        """Remove the subscription (a durable is deleted)."""
-        await self._end(self.client.config_subjects.unsub)
-
-    async def close(self) -> None:
-        """Stop receiving; a durable (or durable queue group) keeps its position for later."""
-        await self._end(self.client.config_subjects.subclose)
-
-    async def _end(self, subject: str) -> None:
-        if self._closed:
-            return
-        if self._last is not None and not self.manual_ack:
-            self._last.ack()
-        self._closed = True
-        self._ready.set()
-        request = pb.UnsubscribeRequest(
-            clientID=self.client.client_id, subject=self.channel, inbox=self.ack_inbox, durableName=self.durable
-        )
-        try:
-            if not self.client.closed:
-                await self.client._request(subject, request.SerializeToString(), pb.SubscriptionResponse)
-        finally:
-            self.client.nats.unsubscribe(self._sid)
-            self.client._subs.discard(self)
 
 
 class _Subjects:
@@ -385,6 +209,20 @@ class StanClient:
             finally:
                 self._wake_all()
         await self.nats.close()
+
+    async def end_subscription(self, sub: Subscription, *, close: bool) -> None:
+        """Remove (or, `close`, close) a subscription at the server, and stop taking its messages."""
+        subjects = self.config_subjects
+        request = pb.UnsubscribeRequest(
+            clientID=self.client_id, subject=sub.channel, inbox=sub.ack_inbox, durableName=sub.durable
+        )
+        try:
+            if not self.closed:
+                subject = subjects.subclose if close else subjects.unsub
+                await self._request(subject, request.SerializeToString(), pb.SubscriptionResponse)
+        finally:
+            self.nats.unsubscribe(sub.sid)
+            self._subs.discard(sub)
 
     async def _request(self, subject: str, payload: bytes, response_type: type[R]) -> R:
         try:
@@ -534,7 +372,7 @@ class StanClient:
         if self.closed:
             raise ConnectionClosedError(self.lost_reason or "connection closed")
         sub = Subscription(self, channel, queue, durable, manual_ack, suppress_copies)
-        sub._sid = self.nats.subscribe(sub.inbox, sub._on_msg)
+        sub.sid = self.nats.subscribe(sub.inbox, sub.on_msg)
         wait = int(ack_wait) if ack_wait == int(ack_wait) else -round(ack_wait * 1000)
         request = pb.SubscriptionRequest(
             clientID=self.client_id,
@@ -557,7 +395,7 @@ class StanClient:
                 self.config_subjects.sub, request.SerializeToString(), pb.SubscriptionResponse
             )
         except BaseException:
-            self.nats.unsubscribe(sub._sid)
+            self.nats.unsubscribe(sub.sid)
             raise
         sub.ack_inbox = response.ackInbox
         self._subs.add(sub)
