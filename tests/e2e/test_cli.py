@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from streaming.cli import _overrides, _server_parser
+from streaming.cli.server import _overrides, _server_parser
 from streaming.config import ConfigError, load
 from tests.support.servers import ServerProcess, command, server_process
 

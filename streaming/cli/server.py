@@ -1,25 +1,25 @@
-"""Console entry points: `streaming-server` (run the server) and `streaming` (pub/sub from a shell).
+"""`streaming-server`: run the server (or, with `--workers N`, N of them behind a local nats-server).
 
 Flags follow nats-streaming-server where users look for them (`-p`, `--cluster_id`, `--store`,
 `--dir`, `--max_msgs`, `-m/--http_port`, `-c/--config`, `-D/-V`); flags override the TOML file.
+`streaming-server check` and `streaming-server repair` are streaming.cli.maintenance's.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import secrets
-import shlex
 import signal
 import sys
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import trio
 
 from storage import DamagedStoreError, StoreError
+from streaming.cli.flags import flag
+from streaming.cli.maintenance import maintenance_main, way_forward
 from streaming.config import ConfigError, ServerConfig, load, merged, parse_bool, parse_duration, parse_size
 from streaming.nats.link import LinkError
 from streaming.security.tls import TlsError, server_context
@@ -27,7 +27,6 @@ from streaming.stan.partitions import PartitionConflict
 from streaming.workers import WorkerPlan, WorkersError, forwarded_arguments, supervise
 
 log = logging.getLogger("streaming")
-T = TypeVar("T")
 
 
 def _server_parser() -> argparse.ArgumentParser:
@@ -39,7 +38,7 @@ def _server_parser() -> argparse.ArgumentParser:
         "`streaming-server repair --dir DIR` keeps everything intact and sets the damaged files aside.",
     )
     parser.add_argument("-c", "--config", help="TOML configuration file")
-    dur, size = _flag(parse_duration), _flag(parse_size)
+    dur, size = flag(parse_duration), flag(parse_size)
 
     net = parser.add_argument_group("network").add_argument
     net("-a", "--addr", "--net", dest="host", help="interface to listen on (default 0.0.0.0)")
@@ -104,7 +103,7 @@ def _server_parser() -> argparse.ArgumentParser:
     store("--dir", help="data directory for the lmdb store (default ./streaming-data)")
     store(
         "--file_sync",
-        type=_flag(parse_bool),
+        type=flag(parse_bool),
         metavar="BOOL",
         help="fsync every commit (default true); false: flush every --sync_interval instead, so a machine "
         "crash loses up to that much and can damage the store (a crash of the server process loses nothing)",
@@ -158,7 +157,7 @@ def _server_parser() -> argparse.ArgumentParser:
     api("--pull_ack_replay", choices=["204", "405"], help="answer a repeated ack 204 (default) or 405")
     api(
         "--pull_msg_headers",
-        type=_flag(parse_bool),
+        type=flag(parse_bool),
         metavar="BOOL",
         help="also give every link as an Artemis REST msg-* header (default false)",
     )
@@ -177,18 +176,6 @@ def _server_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _flag(parse: Callable[[str], T]) -> Callable[[str], T]:
-    """An argparse type whose error is the parser's own words, not "invalid parse_size value"."""
-
-    def convert(text: str) -> T:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return convert
-
-
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     skip = {"config", "debug", "trace"}
     return {k: v for k, v in vars(args).items() if k not in skip and v is not None}
@@ -197,7 +184,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def server_main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] in (["check"], ["repair"]):
-        return _maintenance_main(argv[0], argv[1:])
+        return maintenance_main(argv[0], argv[1:])
     args = _server_parser().parse_args(argv)
     overrides = _overrides(args)
     workers = overrides.pop("workers", 0)
@@ -229,7 +216,7 @@ def server_main(argv: list[str] | None = None) -> int:
     except* (StoreError, OSError, ConfigError, LinkError, PartitionConflict, TlsError) as group:
         for error in _leaves(group):
             if isinstance(error, DamagedStoreError):
-                log.error("cannot start: %s; %s", error, _way_forward(config.dir))
+                log.error("cannot start: %s; %s", error, way_forward(config.dir))
             else:
                 log.error("cannot start: %s", error)
         failed = True
@@ -274,58 +261,6 @@ async def _stop_on_signal(signals: AsyncIterator[int], nursery: trio.Nursery, do
         break
 
 
-def _way_forward(directory: str) -> str:
-    where = shlex.quote(directory)
-    return (
-        f"`streaming-server check --dir {where}` lists every problem, `streaming-server repair --dir {where}` keeps "
-        "everything intact and sets the damaged files aside (see docs/storage.md)"
-    )
-
-
-def _maintenance_parser(command: str) -> argparse.ArgumentParser:
-    if command == "check":
-        description = (
-            "Look over a stopped server's data directory: every problem, each naming its file, and exactly "
-            "which messages of which channels are damaged or missing. Writes nothing. Exit status 0: intact, "
-            "1: damaged, 2: could not check."
-        )
-    else:
-        description = (
-            "Rebuild a stopped server's store from everything in it that is intact, move the old files to "
-            "damaged-<time>/ in the data directory, and report exactly which messages of which channels are "
-            "lost. An intact store is left as it is."
-        )
-    parser = argparse.ArgumentParser(prog=f"streaming-server {command}", description=description)
-    parser.add_argument("-c", "--config", help="TOML configuration file (for its dir)")
-    parser.add_argument("--dir", help="data directory (default: the config's, else ./streaming-data)")
-    if command == "repair":
-        parser.add_argument("-cid", "--cluster_id", help="only if the server record is lost: the cluster ID")
-    return parser
-
-
-def _maintenance_main(command: str, argv: list[str]) -> int:
-    from storage.repair import check, repair
-
-    args = _maintenance_parser(command).parse_args(argv)
-    try:
-        config = load(args.config, {}) if args.config else merged({}, {})
-    except ConfigError as exc:
-        print(f"streaming-server {command}: configuration error: {exc}", file=sys.stderr)
-        return 2
-    directory = args.dir or config.dir
-    try:
-        report = check(directory) if command == "check" else repair(directory, getattr(args, "cluster_id", None))
-    except (StoreError, OSError) as exc:
-        print(f"streaming-server {command}: {exc}", file=sys.stderr)
-        return 2
-    for line in report.lines():
-        print(line)
-    if command == "check":
-        print(f"{directory}: {'intact' if report.clean else 'damaged'}")
-        return 0 if report.clean else 1
-    return 0
-
-
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
     out: list[BaseException] = []
     for exc in group.exceptions:
@@ -360,234 +295,3 @@ async def _run_server(config: ServerConfig) -> None:
 
 
 # -- the `streaming` client command ----------------------------------------------------------------
-
-
-def _connection_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
-    """The connection options; accepted before the subcommand and after it (`streaming pub -s ...`).
-    Only the main parser has defaults, so a subcommand's parser never overwrites what came before."""
-
-    def default(value: str) -> str:
-        return value if defaults else argparse.SUPPRESS
-
-    add = parser.add_argument
-    add("-s", "--server", default=default("127.0.0.1:4222"), help="host:port (default 127.0.0.1:4222)")
-    add("-c", "--cluster_id", default=default("test-cluster"), help="cluster ID (default test-cluster)")
-    add("-id", "--client_id", default=default(""), help="client ID (default: a random one)")
-    add("--connect_timeout", type=_flag(parse_duration), default=default("5s"), help="wait for the server (default 5s)")
-
-
-def _client_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="streaming",
-        description="Publish to and subscribe on a STAN server.",
-        epilog="Connection options go before or after the subcommand: `streaming pub -s host:4222 orders hello`.",
-    )
-    _connection_options(parser, defaults=True)
-    commands = parser.add_subparsers(dest="command", required=True)
-    pub = commands.add_parser(
-        "pub",
-        help="publish messages, each stored before the command ends",
-        description="Publish messages (or each line of standard input) and wait until the server has stored "
-        "every one; prints the count and the rate at the end.",
-    )
-    _connection_options(pub, defaults=False)
-    pub.add_argument("channel")
-    pub.add_argument("message", nargs="*", help="messages (default: one per line of standard input)")
-    pub.add_argument("-q", "--quiet", action="store_true", help="print only the summary, not each message")
-    sub = commands.add_parser(
-        "sub",
-        help="print messages as they arrive: seq, redelivered, attempt, data",
-        description="Print messages as they arrive. Our extensions (ignored by other STAN servers): "
-        "--max_deliver, --backoff, --max_inflight_redeliveries, and in-progress acks (--ack_progress).",
-    )
-    _connection_options(sub, defaults=False)
-    sub.add_argument("channel")
-    sub.add_argument("--durable", default="", help="durable name")
-    sub.add_argument("--queue", "--qgroup", dest="queue", default="", help="queue group")
-    sub.add_argument("--ack_wait", type=_flag(parse_duration), default=30.0, help="AckWait (default 30s)")
-    sub.add_argument("--max_inflight", type=int, default=1024, help="MaxInflight (default 1024)")
-    start = sub.add_mutually_exclusive_group()
-    start.add_argument("--all", action="store_true", help="start with the first stored message")
-    start.add_argument("--last", action="store_true", help="start with the last stored message")
-    start.add_argument("--seq", type=int, help="start at this sequence")
-    start.add_argument("--since", type=_flag(parse_duration), help="start with messages from this long ago (e.g. 1m)")
-    sub.add_argument("--manual_ack", action="store_true", help="ack explicitly (see --no_ack, --ack_delay)")
-    sub.add_argument("--no_ack", action="store_true", help="with --manual_ack: never ack (watch redeliveries)")
-    sub.add_argument(
-        "--ack_delay",
-        type=_flag(parse_duration),
-        default=0.0,
-        help="with --manual_ack: work this long on each message before acking it (a slow handler)",
-    )
-    sub.add_argument(
-        "--ack_progress",
-        action="store_true",
-        help="with --ack_delay: tell the server every half AckWait that the message is still being worked on, "
-        "so it is not redelivered meanwhile",
-    )
-    sub.add_argument(
-        "--max_deliver",
-        type=int,
-        default=0,
-        help="deliver each message at most this often, then publish it to the dead-letter channel (default 0 = "
-        "no limit)",
-    )
-    sub.add_argument(
-        "--dead_letter",
-        default="",
-        metavar="CHANNEL",
-        help="with --max_deliver: where messages go after their last attempt (default CHANNEL.dead)",
-    )
-    sub.add_argument(
-        "--backoff",
-        type=_flag(_durations),
-        default=(),
-        metavar="DELAYS",
-        help="wait these long before each redelivery in turn, then the last again (e.g. 1s,5s,30s; default: AckWait)",
-    )
-    sub.add_argument(
-        "--max_inflight_redeliveries",
-        action="store_true",
-        help="count redeliveries against MaxInflight too (a slow consumer is not flooded after a restart)",
-    )
-    sub.add_argument("--count", type=int, default=0, help="exit after this many messages (default: run forever)")
-    sub.add_argument("--unsubscribe", action="store_true", help="unsubscribe on exit (default: close)")
-    return parser
-
-
-def _durations(text: str) -> tuple[float, ...]:
-    delays = tuple(parse_duration(part.strip()) for part in text.split(",") if part.strip())
-    if not delays or any(d <= 0 for d in delays):
-        raise ValueError(f"expected positive durations separated by commas (1s,5s,30s), got {text!r}")
-    return delays
-
-
-def client_main(argv: list[str] | None = None) -> int:
-    parser = _client_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    host, _, port = args.server.rpartition(":")
-    if not host or not port.isdigit():
-        print(f"streaming: --server must be host:port, got {args.server!r}", file=sys.stderr)
-        return 2
-    if args.command == "sub" and args.ack_progress and not (args.manual_ack and args.ack_delay > 0):
-        parser.error("--ack_progress needs --manual_ack and an --ack_delay")
-    # Random, not time-based: two commands started together must not take each other's ID.
-    args.client_id = args.client_id or f"streaming-cli-{secrets.token_hex(6)}"
-    from streaming.client import ConnectionClosedError, StanError
-
-    try:
-        return trio.run(_pub if args.command == "pub" else _sub, args, host, int(port))
-    except (StanError, ConnectionClosedError) as exc:
-        print(f"streaming: {exc}", file=sys.stderr)
-        return 1
-    except trio.TooSlowError:
-        print(
-            f"streaming: no answer from a STAN server with cluster ID {args.cluster_id!r} at {args.server} "
-            f"(is the cluster ID right?)",
-            file=sys.stderr,
-        )
-        return 1
-    except OSError as exc:
-        print(f"streaming: cannot connect to {args.server}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-
-
-async def _pub(args: argparse.Namespace, host: str, port: int) -> int:
-    from streaming.client import connect
-
-    messages = args.message or (line.rstrip("\n") for line in sys.stdin)
-    async with _connect(args, host, port, connect) as sc:
-        started = time.perf_counter()
-        count = 0
-        window = []
-        for text in messages:
-            window.append((text, await sc.publish_async(args.channel, text.encode())))
-            if len(window) >= 1024:
-                count += await _acked(window, args)
-                window = []
-        count += await _acked(window, args)
-        elapsed = time.perf_counter() - started
-    rate = f", {count / elapsed:,.0f} msgs/s" if elapsed > 0 and count > 1 else ""
-    print(f"published {count} message{'s' if count != 1 else ''} to {args.channel!r} in {elapsed:.3f} s{rate}")
-    return 0
-
-
-async def _acked(window: list[tuple[str, Any]], args: argparse.Namespace) -> int:
-    """Wait for each PubAck of the window, in order (an error raises StanError)."""
-    for text, future in window:
-        guid = await future.wait()
-        if not args.quiet:
-            print(f"published {text!r} to {args.channel!r} (guid {guid})")
-    return len(window)
-
-
-def _connect(args: argparse.Namespace, host: str, port: int, connect: Any) -> Any:
-    return connect(
-        args.cluster_id,
-        args.client_id,
-        host=host,
-        port=port,
-        request_timeout_s=args.connect_timeout,
-        max_reconnect_attempts=3,
-    )
-
-
-async def _sub(args: argparse.Namespace, host: str, port: int) -> int:
-    from streaming.client import StartPosition, connect
-
-    start, seq, delta = StartPosition.NEW_ONLY, 0, 0.0
-    if args.all:
-        start = StartPosition.FIRST
-    elif args.last:
-        start = StartPosition.LAST_RECEIVED
-    elif args.seq is not None:
-        start, seq = StartPosition.SEQUENCE_START, args.seq
-    elif args.since is not None:
-        start, delta = StartPosition.TIME_DELTA_START, args.since
-    async with (
-        _connect(args, host, port, connect) as sc,
-        sc.subscribe(
-            args.channel,
-            queue=args.queue,
-            durable=args.durable,
-            ack_wait=args.ack_wait,
-            max_inflight=args.max_inflight,
-            start_at=start,
-            start_sequence=seq,
-            start_time_delta_s=delta,
-            manual_ack=args.manual_ack,
-            max_deliver=args.max_deliver,
-            dead_letter_channel=args.dead_letter,
-            backoff_s=args.backoff,
-            max_inflight_redeliveries=args.max_inflight_redeliveries,
-            close_on_exit=not args.unsubscribe,
-        ) as sub,
-    ):
-        print(f"listening on {args.channel!r} as {args.client_id!r}", file=sys.stderr, flush=True)
-        received = 0
-        async for msg in sub:
-            print(
-                f"[#{msg.seq}] redelivered={str(msg.redelivered).lower()} attempt={msg.attempt}: "
-                f"{msg.data.decode(errors='replace')}",
-                flush=True,
-            )
-            if args.manual_ack and not args.no_ack:
-                await _work(msg, args)
-                msg.ack()
-            received += 1
-            if args.count and received >= args.count:
-                break
-    return 0
-
-
-async def _work(msg: Any, args: argparse.Namespace) -> None:
-    """The slow handler of --ack_delay; with --ack_progress it keeps the message from redelivery."""
-    done = trio.current_time() + args.ack_delay
-    while trio.current_time() < done:
-        step = min(done - trio.current_time(), args.ack_wait / 2) if args.ack_progress else done - trio.current_time()
-        await trio.sleep(step)
-        if args.ack_progress and trio.current_time() < done:
-            msg.in_progress()
