@@ -3,7 +3,8 @@ streaming.wire.nats.
 
 It connects to the first server of its list that answers, learns the cluster's other nodes from INFO
 `connect_urls`, and after a TCP drop reconnects to any of them, trying each in turn
-(`reconnect_wait_s` apart), re-sending CONNECT and then every subscription with the same sid. Its
+(`reconnect_wait_s` apart), re-sending CONNECT and then every subscription with the same sid (the
+handshake and the server list are streaming.wire.handshake's, shared with the server's link). Its
 owner hears of it through `on_reconnect`, so a STAN session survives. While disconnected, publishes
 are dropped, as stan.go does (its owner re-sends what matters: unacknowledged publishes).
 
@@ -38,8 +39,9 @@ from anyio.streams.memory import MemoryObjectSendStream
 from anyio.streams.tls import TLSStream
 
 from streaming.wire import nats as p
+from streaming.wire.handshake import Handshake, HandshakeError, HandshakeOptions, ServerList, resubscribe
 from streaming.wire.sockets import write_socket
-from streaming.wire.urls import ServerUrl, discovered, parse_url
+from streaming.wire.urls import ServerUrl, parse_url
 
 log = logging.getLogger(__name__)
 _STREAMING_GAP_S = 100e-6  # publishes closer together than this are left to the writer, to go together
@@ -98,11 +100,13 @@ class NatsConnection:
         inbox_prefix: str = "_INBOX",
     ) -> None:
         # `servers` (URLs, credentials allowed in them) wins over host and port.
-        self.servers: list[ServerUrl] = [parse_url(s) for s in servers] or [ServerUrl(host, port)]
+        self._servers = ServerList([parse_url(s) for s in servers] or [ServerUrl(host, port)])
         self.host, self.port, self.name = self.servers[0].host, self.servers[0].port, name
-        # Sent in CONNECT when given, as nats-server reads them (`user`/`pass`, `auth_token`).
-        self._credentials = {k: v for k, v in (("user", user), ("pass", password), ("auth_token", token)) if v}
-        self.tls = tls  # the TLS handshake follows the server's INFO, which must ask for it (tls_required)
+        # The TLS handshake follows the server's INFO, which must ask for it (tls_required).
+        self._handshake = HandshakeOptions(
+            name=name, lang="python-anyio", user=user, password=password, token=token, tls=tls
+        )
+        self.tls = tls
         # Where its inboxes live: a cluster whose permissions give each user its own prefix asks for it.
         self.inbox_prefix = inbox_prefix
         self.reconnect_wait_s = reconnect_wait_s
@@ -143,6 +147,11 @@ class NatsConnection:
     def url(self) -> str:
         """The server in use (without credentials)."""
         return str(self._current)
+
+    @property
+    def servers(self) -> list[ServerUrl]:
+        """The servers it knows: those it was given, then those the cluster named."""
+        return self._servers.known
 
     def publish(self, subject: str, payload: bytes, reply: str = "", *, at_once: bool = False) -> bool:
         """Queue a message; False (dropped) while disconnected. Never blocks. With `at_once`, a message
@@ -260,7 +269,7 @@ class NatsConnection:
                     attempts += 1
                     await anyio.sleep(self.reconnect_wait_s)
                     try:
-                        await self._connect(self._next_server())
+                        await self._connect(self._servers.after(self._current)[0])
                     except (OSError, TimeoutError, _Lost, p.RemoteProtocolError, NatsError) as exc:
                         log.debug("reconnect to %s failed: %s", self._current, exc)
                         continue
@@ -279,13 +288,6 @@ class NatsConnection:
                 send.close()
             self._reconnected.set()
             self._closed_event.set()
-
-    def _next_server(self) -> ServerUrl:
-        """After a drop: the server after the one that went, in the list of those known."""
-        known = self.servers
-        index = next((i for i, u in enumerate(known) if u.same_server(self._current)), -1)
-        self._current = known[(index + 1) % len(known)]
-        return self._current
 
     async def _connect_any(self, servers: Sequence[ServerUrl]) -> None:
         error: BaseException | None = None
@@ -308,46 +310,28 @@ class NatsConnection:
                 event = await self._next_event(stream)
                 if not isinstance(event, p.Info):
                     raise _Lost(f"expected INFO, got {event!r}")
-                self.info = event.options
-                tls = self.tls if self.tls is not None or not url.tls else ssl.create_default_context()
-                if bool(event.options.get("tls_required")) != (tls is not None):
-                    raise NatsError(
-                        "the server requires TLS: connect with tls="
-                        if tls is None
-                        else "TLS was asked for, but the server does not offer it (no tls_required in its INFO)"
-                    )
+                handshake = Handshake(url, self._handshake)
                 raw: socket.socket | None = None
-                if tls is not None:
-                    stream = await TLSStream.wrap(stream, hostname=url.host, ssl_context=tls, standard_compatible=False)
-                elif _running_trio():
-                    raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
-                credentials = self._credentials
-                if url.user or url.token:  # credentials in the URL win, as in other NATS clients
-                    credentials = {"user": url.user, "pass": url.password} if url.user else {"auth_token": url.token}
-                options = {
-                    "verbose": False,
-                    "pedantic": False,
-                    "lang": "python-anyio",
-                    "version": "0.1.0",
-                    "protocol": 1,
-                    "echo": True,
-                    "name": self.name,
-                    "headers": False,
-                    **credentials,
-                }
-                await stream.send(p.encode_connect(options) + p.PING_BYTES)
-                while True:
-                    event = await self._next_event(stream)
-                    if isinstance(event, p.Pong):
-                        break
-                    if isinstance(event, p.Err):
-                        raise NatsError(event.text)
+                try:
+                    tls = handshake.tls_for(event)
+                    self.info = event.options
+                    if tls is not None:
+                        stream = await TLSStream.wrap(
+                            stream, hostname=url.host, ssl_context=tls, standard_compatible=False
+                        )
+                    elif _running_trio():
+                        raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+                    await stream.send(handshake.connect())
+                    while not handshake.done(await self._next_event(stream)):
+                        pass
+                except HandshakeError as exc:
+                    raise NatsError(str(exc)) from None
             except BaseException:
                 await anyio.aclose_forcefully(stream)
                 raise
-        self._learn(event_info=self.info)
+        self._servers.learn(self.info, url)
         self._stream, self._socket = stream, raw
-        self._out = [p.encode_sub(subject, sid, queue) for sid, (subject, queue, _) in self._subs.items()]
+        self._out = resubscribe((sid, subject, queue) for sid, (subject, queue, _) in self._subs.items())
         self._has_data = anyio.Event()
         self._woken = False
         self._writing = False  # the old connection's writer may have died inside a send
@@ -356,12 +340,6 @@ class NatsConnection:
         self.connected = True
         self._reconnected.set()
         self._reconnected = anyio.Event()
-
-    def _learn(self, *, event_info: dict[str, object]) -> None:
-        """Add the nodes an INFO's `connect_urls` lists to the servers to reconnect to."""
-        for url in discovered(event_info.get("connect_urls"), self._current):
-            if not any(url.same_server(known) for known in self.servers):
-                self.servers.append(url)
 
     async def _next_event(self, stream: anyio.abc.ByteStream) -> p.Event:
         while True:
@@ -419,7 +397,7 @@ class NatsConnection:
             if self._pongs:
                 self._pongs.pop(0).set()
         elif isinstance(event, p.Info):
-            self._learn(event_info=event.options)
+            self._servers.learn(event.options, self._current)
         elif isinstance(event, p.Err):
             self.last_error = event.text
             log.warning("server error: %s", event.text)

@@ -5,7 +5,8 @@ connect to any node, and the cluster's subject routing brings their STAN request
 
 - It connects to the first URL that answers, learns the cluster's other nodes from INFO
   `connect_urls`, and after a drop reconnects to any node it knows (forever, `reconnect_wait_s`
-  apart), sending CONNECT and every subscription again. Topology listeners hear each reconnect and
+  apart), sending CONNECT and every subscription again (the handshake and the server list are
+  streaming.wire.handshake's, shared with the client library). Topology listeners hear each reconnect and
   each change in the nodes an INFO lists (the partition claims are checked again then).
 - It authenticates as the cluster asks: user and password, a token (in the URL or the options), a
   user's nkey seed (signing the nonce of the INFO), a credentials file (a user JWT and its seed, as
@@ -36,8 +37,9 @@ import trio
 from streaming.nats.bus import UNKNOWN_ORIGIN, BusStatistics, Handler, RunHandler, SpanListener, handle_read
 from streaming.security.auth import Authenticator, NkeySeed
 from streaming.wire import nats as p
+from streaming.wire.handshake import Handshake, HandshakeError, HandshakeOptions, ServerList, resubscribe
 from streaming.wire.sockets import write_now
-from streaming.wire.urls import ServerUrl, discovered
+from streaming.wire.urls import ServerUrl
 
 log = logging.getLogger(__name__)
 _EVENTS_PER_STEP = 128  # as the embedded broker: events of one read handled before a checkpoint
@@ -83,7 +85,7 @@ class NatsLink:
         self.max_payload = p.MAX_PAYLOAD  # the cluster's, from INFO
         self.in_msgs = self.out_msgs = self.in_bytes = self.out_bytes = 0
         self.holding = 0
-        self._known: list[ServerUrl] = list(options.urls)  # configured first, then what INFO told
+        self._servers = ServerList(options.urls)  # configured first, then what INFO told
         self._current: ServerUrl | None = None
         self._subs: dict[str, tuple[str, str, Handler, RunHandler | None]] = {}
         self._sids = itertools.count(1)
@@ -98,7 +100,6 @@ class NatsLink:
         self._has_data = trio.Event()
         self._pings_out = 0
         self._pongs: list[trio.Event] = []
-        self._cluster: tuple[str, ...] = ()  # the connect_urls of the latest INFO
         self._up = trio.Event()  # set while connected
 
     # -- the bus ---------------------------------------------------------------------------------
@@ -290,12 +291,8 @@ class NatsLink:
 
     async def _connect_any(self) -> None:
         """Try every known node, starting after the one in use."""
-        known = self._known
-        start = 0
-        if self._current is not None:
-            start = next((i + 1 for i, u in enumerate(known) if u.same_server(self._current)), 0)
         why: list[str] = []
-        for url in known[start:] + known[:start]:
+        for url in self._servers.after(self._current):
             try:
                 await self._connect(url)
                 return
@@ -314,37 +311,24 @@ class NatsLink:
                 info = await _next_event(stream, parser)
                 if not isinstance(info, p.Info):
                     raise LinkError(f"expected INFO, got {info!r}")
-                if info.options.get("tls_required") or url.tls or options.tls is not None:
-                    if not info.options.get("tls_required"):
-                        raise LinkError("TLS is configured, but the server does not offer it")
-                    context = options.tls or ssl.create_default_context()
-                    stream = trio.SSLStream(stream, context, server_hostname=url.host)
-                    await stream.do_handshake()
-                connect = {
-                    "verbose": False,
-                    "pedantic": False,
-                    "lang": "python-streaming-server",
-                    "version": "0.1.0",
-                    "protocol": 1,
-                    "echo": False,  # its own messages never come back to it (announcements included)
-                    "name": options.name,
-                    "headers": False,
-                    **self._credentials(url, str(info.options.get("nonce", ""))),
-                }
-                await stream.send_all(p.encode_connect(connect) + p.PING_BYTES)
-                while True:
-                    event = await _next_event(stream, parser)
-                    if isinstance(event, p.Pong):
-                        break
-                    if isinstance(event, p.Err):
-                        raise LinkError(f"the server refused the connection: {event.text}")
+                handshake = Handshake(url, self._handshake_options())
+                try:
+                    tls = handshake.tls_for(info)
+                    if tls is not None:
+                        stream = trio.SSLStream(stream, tls, server_hostname=url.host)
+                        await stream.do_handshake()
+                    await stream.send_all(handshake.connect())
+                    while not handshake.done(await _next_event(stream, parser)):
+                        pass
+                except HandshakeError as exc:
+                    raise LinkError(str(exc)) from None
             except BaseException:
                 await trio.aclose_forcefully(stream)
                 raise
         self._stream, self._parser, self._current = stream, parser, url
         self._on_info(info.options, connecting=True)
         self.server_id = str(info.options.get("server_id", ""))
-        self._out = [p.encode_sub(subject, sid, queue) for sid, (subject, queue, _, _) in self._subs.items()]
+        self._out = resubscribe((sid, subject, queue) for sid, (subject, queue, _, _) in self._subs.items())
         self._out_bytes = sum(map(len, self._out))
         self._has_data = trio.Event()
         self._writing = self._held = False
@@ -355,37 +339,37 @@ class NatsLink:
             self._has_data.set()
         log.info("attached to the NATS server at %s (server %s)", url, self.server_id)
 
-    def _credentials(self, url: ServerUrl, nonce: str) -> dict[str, str]:
+    def _handshake_options(self) -> HandshakeOptions:
         options = self.options
-        if options.nkey_seed is not None:
-            if not nonce:
-                raise LinkError("an nkey seed or credentials file is configured, but the server gave no nonce to sign")
-            if options.jwt:
-                return {"jwt": options.jwt, "sig": options.nkey_seed.sign(nonce)}
-            return {"nkey": options.nkey_seed.public, "sig": options.nkey_seed.sign(nonce)}
-        if url.user or url.token:  # credentials in the URL win, as in NATS clients
-            return {"user": url.user, "pass": url.password} if url.user else {"auth_token": url.token}
-        if options.user:
-            return {"user": options.user, "pass": options.password}
-        if options.token:
-            return {"auth_token": options.token}
-        return {}
+        seed, jwt = options.nkey_seed, options.jwt
+        signer = None
+        if seed is not None:
+            key, public = ("jwt", jwt) if jwt else ("nkey", seed.public)
+
+            def signer(nonce: str) -> dict[str, str]:  # a user JWT, or a bare nkey, and its signature
+                return {key: public, "sig": seed.sign(nonce)}
+
+        return HandshakeOptions(
+            name=options.name,
+            lang="python-streaming-server",
+            echo=False,  # its own messages never come back to it (announcements included)
+            user=options.user,
+            password=options.password,
+            token=options.token,
+            signer=signer,
+            tls=options.tls,
+            tls_when_asked=True,
+        )
 
     def _on_info(self, info: dict[str, object], *, connecting: bool = False) -> None:
         payload = info.get("max_payload")
         if isinstance(payload, int) and payload > 0:
             self.max_payload = payload
-        urls = info.get("connect_urls")
-        cluster = tuple(sorted(str(u) for u in urls)) if isinstance(urls, list) else ()
-        if cluster == self._cluster:
-            return
-        self._cluster = cluster
         assert self._current is not None
-        for url in discovered(list(cluster), self._current):
-            if not any(url.same_server(k) for k in self._known):
-                self._known.append(url)
+        if not self._servers.learn(info, self._current):
+            return
         if not connecting:  # a (re)connect is a change of its own, told by `serve`
-            log.info("the NATS cluster changed: %s", ", ".join(cluster) or "one node")
+            log.info("the NATS cluster changed: %s", ", ".join(self._servers.cluster) or "one node")
             self._topology_changed()
 
     def _topology_changed(self) -> None:
