@@ -30,8 +30,8 @@ from streaming.core.store_calls import call_store
 log = logging.getLogger(__name__)
 # Subscription-state writes (acks, positions) gather this long into one fsynced transaction; a
 # crash loses at most that much of them, which only causes redeliveries. Long enough that a busy
-# subscriber's deliveries are mostly acked within it (MaxInflight 1024 at 140k msgs/s is ~7 ms), so
-# that neither is written: 10 ms wrote 0.73 entries per consumed message, 30 ms 0.33 (bench/README.md).
+# subscriber's deliveries are mostly acked within it, so that neither is written (bench/README.md,
+# *Figures behind choices*).
 _STATE_FLUSH_LINGER_S = 0.03
 
 

@@ -130,19 +130,9 @@ def test_the_cluster_demo_starts_three_nodes_and_three_servers_and_stops_them(tm
 
         trio.run(use_it)
     finally:
-        demo.send_signal(signal.SIGINT)  # Ctrl-C
-        try:
-            code: int | None = demo.wait(30)
-        except subprocess.TimeoutExpired:
-            code = None
-        left = started_in(tmp_path)
-        for process in left:  # whatever happened, nothing it started outlives the test
-            process.kill()
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
+        code, left = ctrl_c(demo, tmp_path)
     assert code == 0, "Ctrl-C stops the demo"
-    assert [p.pid for p in left] == [], "Ctrl-C stops every process it started"
+    assert left == [], "Ctrl-C stops every process it started"
 
 
 def test_the_cluster_demo_stops_on_ctrl_c_when_started_as_a_background_job(tmp_path: Path) -> None:
@@ -161,20 +151,22 @@ def test_the_cluster_demo_stops_on_ctrl_c_when_started_as_a_background_job(tmp_p
         lines = [demo.stdout.readline() for _ in range(9)]
         assert lines[0].startswith("NATS cluster"), lines
     finally:
-        demo.send_signal(signal.SIGINT)
-        try:
-            code: int | None = demo.wait(30)
-        except subprocess.TimeoutExpired:
-            code = None
-        left = started_in(tmp_path)
-        for process in left:
-            process.kill()
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
-    assert code == 0 and [p.pid for p in left] == []
+        code, left = ctrl_c(demo, tmp_path)
+    assert code == 0 and left == []
 
 
-def started_in(directory: Path) -> list[psutil.Process]:
-    """The processes still running whose command line names `directory` (what a demo there started)."""
-    return [p for p in psutil.process_iter(["cmdline"]) if str(directory) in " ".join(p.info["cmdline"] or [])]
+def ctrl_c(demo: subprocess.Popen[str], directory: Path) -> tuple[int | None, list[int]]:
+    """Ctrl-C the demo: its exit status (None: it did not stop) and the processes it left running.
+    Whatever happened, nothing it started outlives the test: those are killed."""
+    demo.send_signal(signal.SIGINT)
+    try:
+        code: int | None = demo.wait(30)
+    except subprocess.TimeoutExpired:
+        code = None
+    left = [p for p in psutil.process_iter(["cmdline"]) if str(directory) in " ".join(p.info["cmdline"] or [])]
+    for process in left:
+        process.kill()
+    if demo.poll() is None:
+        demo.kill()
+        demo.wait()
+    return code, [p.pid for p in left]

@@ -183,8 +183,8 @@ async def test_the_monitoring_port_can_listen_on_loopback_only() -> None:
         assert listening_on(server.port) and listening_on(server.port) <= {"0.0.0.0", "::"}
 
 
-def test_the_readmes_secured_server_is_a_valid_configuration() -> None:
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+def test_the_configuration_pages_secured_server_is_a_valid_configuration() -> None:
+    readme = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
     block = readme.split("A secured server", 1)[1].split("```toml", 1)[1].split("```", 1)[0]
     cfg = merged(tomllib.loads(block), {})
     assert cfg.tls_files() is not None

@@ -720,8 +720,9 @@ class Engine(EffectsAccumulator):
             if not batch:
                 group.last_sent = info.last_seq
                 break
-            # `_send` of each message, inlined: members take a read one message at a time, and the
-            # call per message cost a queue of four 8.15-8.2 against 7.85 µs (bench/README.md).
+            # `_send` of each message, inlined: members take a read one message at a time, and a
+            # call per message showed in a queue group's consume (bench/README.md, *Figures behind
+            # choices*).
             # Each member's share is stored as one run, after the loop.
             deliveries, new = self._deliveries, Reason.NEW
             observed = bool(self._observers)
