@@ -94,10 +94,10 @@ class _Sources:
         self._last: object = None  # the latest publish's source (one per publisher connection or request)
         self._shared_at = -_SHARED_WINDOW_S  # when the latest publish came from another source
 
-    def saw(self, source: object, now: float) -> None:
+    def saw(self, source: object) -> None:
         if source != self._last:
             if self._last is not None:
-                self._shared_at = now
+                self._shared_at = trio.current_time()
             self._last = source
 
     def shared(self, now: float) -> bool:
@@ -145,7 +145,7 @@ class GroupCommit:
         """`submit` of each of `publishes`, from one source: a run of them."""
         self._queue += publishes
         self._submitted += len(publishes)
-        self._sources.saw(source, trio.current_time())
+        self._sources.saw(source)
         if not self._in_span and not self._held:
             self._work.set()
         if len(self._queue) >= self._high_water and self._room.is_set():
@@ -169,7 +169,7 @@ class GroupCommit:
         self._queue = []
         self.inline_commits += 1
         try:
-            self._pipeline.commit(queue)
+            self._pipeline.commit(queue, channels_exist=True)  # `_commit_here` checked them
         except Exception:
             self._pipeline.refuse(queue)
         self._done(queue)
@@ -279,29 +279,19 @@ class GroupCommit:
     async def _drive(self, steps: CommitSteps) -> None:
         """Run a commit's store calls where they belong: on the loop when small, else on the store
         thread (channel creation always there: an fsynced write of its own)."""
-        result: object = None
-        error: Exception | None = None
-        while True:
-            try:
-                step = steps.send(result) if error is None else steps.throw(error)
-            except StopIteration:
-                return
-            result = error = None
-            try:
-                if self._on_loop(step):
-                    # A small batch means a lightly loaded server whose publishers wait on this commit:
-                    # the hop to a worker thread and back would cost them more than holding the loop
-                    # for the fsync.
-                    result = step.call()
-                    if step.appending is None:
-                        await trio.lowlevel.checkpoint()
-                else:
-                    # A large batch goes to the thread so that parsing overlaps the fsync.
-                    if step.appending is not None:
-                        self.thread_commits += 1
-                    result = await trio.to_thread.run_sync(step.call)
-            except Exception as exc:
-                error = exc
+        for step in steps:
+            if self._on_loop(step):
+                # A small batch means a lightly loaded server whose publishers wait on this commit: the
+                # hop to a worker thread and back would cost them more than holding the loop for the
+                # fsync.
+                step.run()
+                if step.appending is None:
+                    await trio.lowlevel.checkpoint()
+            else:
+                # A large batch goes to the thread so that parsing overlaps the fsync.
+                if step.appending is not None:
+                    self.thread_commits += 1
+                await trio.to_thread.run_sync(step.run)
 
     def _on_loop(self, step: StoreStep) -> bool:
         if not self._in_thread:

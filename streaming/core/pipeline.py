@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
-
-import attrs
+from operator import itemgetter
+from typing import cast
 
 from storage import AppendResult, ChannelError, Message, Store, StoreError, SubUpdate
 from streaming.core import errors as texts
@@ -37,33 +37,39 @@ from streaming.core.observers import ServerObserver
 from streaming.core.outbound import Outcome, Publish, ToDoors
 
 log = logging.getLogger(__name__)
+_first = itemgetter(0)
 
 
-@attrs.frozen
 class StoreStep:
-    """A store call the commit sequence needs made; its driver chooses where it runs."""
+    """A store call the commit sequence needs made. Its driver chooses where `call` runs and puts what
+    it returned in `result`, or what it raised in `error`, before taking the next step; the commit
+    reads them when it resumes. (The driver iterates the steps, which costs less than sending the
+    results in: a commit may be of one message.)"""
 
-    call: Callable[[], object]
-    appending: list[Publish] | None = None  # the messages, when the call is the batch's append
+    __slots__ = ("appending", "call", "error", "result")
+
+    def __init__(self, call: Callable[[], object], appending: list[Publish] | None = None) -> None:
+        self.call = call
+        self.appending = appending  # the messages, when the call is the batch's append
+        self.result: object = None
+        self.error: Exception | None = None
+
+    def run(self) -> None:
+        """Make the call here, and keep what came of it."""
+        try:
+            self.result = self.call()
+        except Exception as exc:
+            self.error = exc
 
 
-CommitSteps = Generator[StoreStep, object, None]
+CommitSteps = Iterator[StoreStep]
 
 
 def run_now(steps: CommitSteps) -> None:
     """Drive a commit to its end on this thread, every store call inline. An exception the commit
     does not handle (a bug) propagates: the caller refuses the batch (`Pipeline.refuse`)."""
-    try:
-        step = next(steps)
-        while True:
-            try:
-                result = step.call()
-            except Exception as exc:
-                step = steps.throw(exc)
-            else:
-                step = steps.send(result)
-    except StopIteration:
-        pass
+    for step in steps:
+        step.run()
 
 
 class StateWriter:
@@ -243,40 +249,45 @@ class Pipeline:
         except (ChannelError, StoreError):  # the commit refuses these with the right error
             return False
 
-    def commit(self, batch: list[Publish]) -> None:
+    def commit(self, batch: list[Publish], *, channels_exist: bool = False) -> None:
         """The whole commit of `batch` on this thread, every store call inline (`commit_steps`)."""
-        run_now(self.commit_steps(batch))
+        run_now(self.commit_steps(batch, channels_exist=channels_exist))
 
-    def commit_steps(self, batch: list[Publish]) -> CommitSteps:
+    def commit_steps(self, batch: list[Publish], *, channels_exist: bool = False) -> CommitSteps:
         """The commit sequence of one batch, written once: create the channels it needs → append →
         announce → deliver → acknowledge, every publisher in arrival order.
 
-        A generator of the store calls it needs made (`StoreStep`), each sent back its result (or
-        thrown its exception): whoever drives it chooses when and on which thread each call runs
-        (`run_now`, inline; the group commit under Trio). It never blocks otherwise.
+        A generator of the store calls it needs made (`StoreStep`): whoever drives it chooses when and
+        on which thread each call runs (`run_now`, inline; the group commit under Trio), and leaves
+        the outcome in the step. It never blocks otherwise.
+        `channels_exist`: the caller has just checked that every channel it names exists
+        (`channels_exist()`), so none is looked up again.
         """
         refused: dict[str, Exception] = {}
-        for name in self._missing_channels(batch, refused):
-            try:
-                yield StoreStep(partial(self.store.ensure_channel, name))
-            except ChannelError as exc:
-                refused[name] = exc
-            except StoreError as exc:
-                log.error("could not create channel %r: %s", name, exc)
-                self.state.store_refused(exc)
-                refused[name] = exc
+        for name in () if channels_exist else self._missing_channels(batch, refused):
+            step = StoreStep(partial(self.store.ensure_channel, name))
+            yield step
+            if isinstance(step.error, ChannelError):
+                refused[name] = step.error
+            elif isinstance(step.error, StoreError):
+                log.error("could not create channel %r: %s", name, step.error)
+                self.state.store_refused(step.error)
+                refused[name] = step.error
+            elif step.error is not None:
+                raise step.error
         accepted = [p for p in batch if p.channel not in refused] if refused else batch
         started = time.perf_counter()
-        outcome: object = None
+        outcome: AppendResult | StoreError | None = None
         if accepted:
-            try:
-                # The publishes go to the store as they are (each is a `storage.MessageToAppend`).
-                outcome = yield StoreStep(
-                    partial(self.store.append, accepted, now_unix_ns=self._wall_ns()), appending=accepted
-                )
-            except StoreError as exc:
-                outcome = exc
-        assert outcome is None or isinstance(outcome, AppendResult | StoreError), outcome
+            # The publishes go to the store as they are (each is a `storage.MessageToAppend`).
+            step = StoreStep(partial(self.store.append, accepted, now_unix_ns=self._wall_ns()), accepted)
+            yield step
+            if step.error is None:
+                outcome = cast("AppendResult", step.result)
+            elif isinstance(step.error, StoreError):
+                outcome = step.error
+            else:
+                raise step.error
         with self.outbound.holding():  # the deliveries and acknowledgements leave together
             self._finish(batch, accepted, refused, outcome, started)
 
@@ -340,11 +351,9 @@ class Pipeline:
         for channel, dropped in result.dropped.items():
             engine.on_dropped(channel, dropped)
         now = self.clock()
-        seqs: list[Outcome] = []
         by_channel: dict[str, list[Message]] = {}
         channel, messages, read = "", [], False  # a commit's publishes come in runs to one channel
         for p, (seq, timestamp) in zip(accepted, result.assigned, strict=True):
-            seqs.append(seq)
             if p.channel != channel:
                 channel = p.channel
                 if channel not in by_channel:
@@ -357,7 +366,7 @@ class Pipeline:
         for channel, messages in by_channel.items():
             engine.on_appended(channel, now, messages)
         self.settle()
-        return seqs
+        return list(map(_first, result.assigned))
 
     @staticmethod
     def _tell_observer(observer: ServerObserver, accepted: list[Publish], result: AppendResult) -> None:

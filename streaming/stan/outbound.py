@@ -11,6 +11,8 @@ from streaming.core.outbound import Delivery, Outcome, Publish
 from streaming.nats.bus import Bus
 from streaming.wire.stan_pb import protocol_pb2 as pb
 
+_STORED = {int}  # the type of a stored publish's outcome (its sequence)
+
 
 def error_text(error: Exception) -> str:
     """What a STAN client is shown for a refused publish or request."""
@@ -66,12 +68,16 @@ class StanOutbound:
         serialize = pub_ack.SerializeToString
         text = pub_ack.error = ""  # what `pub_ack` holds, tracked here: reading a field back costs too
         inbox, run = "", []  # a commit's publishes come in runs from one publisher: one lookup a run
-        for p, outcome in zip(publishes, outcomes, strict=True):
+        # Whether any was refused, found in C: then each one's outcome is looked at, else none is.
+        failed = not set(map(type, outcomes)) <= _STORED
+        outcome_of = iter(outcomes)
+        for p in publishes:
+            outcome = next(outcome_of) if failed else None
             to = p.ack_to
             if not to:
                 continue
             pub_ack.guid = p.guid
-            if outcome.__class__ is not int or text:
+            if failed:
                 wanted = error_text(outcome) if isinstance(outcome, Exception) else ""
                 if wanted != text:
                     text = pub_ack.error = wanted
