@@ -58,3 +58,21 @@ def test_every_module_of_the_server_sits_in_a_layer() -> None:
         ):
             unplaced.append(module)
     assert unplaced == []
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    """No circles, type-checking imports included (grimp, import-linter's graph)."""
+    import grimp
+
+    graph = grimp.build_graph("streaming", "storage", exclude_type_checking_imports=False)
+    ours = ("streaming", "storage")
+    circles = sorted(
+        {
+            tuple(sorted((module, imported)))
+            for module in graph.modules
+            if module.startswith(ours)
+            for imported in graph.find_modules_directly_imported_by(module)
+            if imported.startswith(ours) and graph.chain_exists(importer=imported, imported=module)
+        }
+    )
+    assert circles == []

@@ -13,20 +13,51 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
 from streaming.nats.bus import Handler, Origin, RunHandler
 from streaming.nats.session import Session
+from streaming.security.auth import Authenticator
 from streaming.security.permissions import Compiled
 from streaming.wire import nats as p
 from streaming.wire.sockets import write_now
 
-if TYPE_CHECKING:
-    from streaming.nats.broker import Broker
-
 log = logging.getLogger(__name__)
+
+
+class Limits(Protocol):
+    """What a connection is held to (the broker's configuration)."""
+
+    @property
+    def max_payload(self) -> int: ...
+    @property
+    def max_control_line(self) -> int: ...
+    @property
+    def max_pending_bytes(self) -> int: ...
+    @property
+    def write_deadline_s(self) -> float: ...
+    @property
+    def connect_timeout_s(self) -> float: ...
+    @property
+    def ping_interval_s(self) -> float: ...
+    @property
+    def max_pings_out(self) -> int: ...
+
+
+class Owner(Protocol):
+    """The broker, as its connections see it: its limits, who it lets in, its slow-consumer count,
+    and its write hold (streaming.nats.broker.Broker)."""
+
+    @property
+    def config(self) -> Limits: ...
+    @property
+    def auth(self) -> Authenticator: ...
+
+    slow_consumers: int
+    holding: int  # depth of the broker's `holding_writes` blocks
+    held: list[Connection]  # connections with bytes queued inside them
 
 
 class Sub:
@@ -58,7 +89,7 @@ class Sub:
 class Connection:
     """One client connection's state. `send` never blocks: it queues bytes for the writer."""
 
-    def __init__(self, broker: Broker, stream: trio.SocketStream, cid: int) -> None:
+    def __init__(self, broker: Owner, stream: trio.SocketStream, cid: int) -> None:
         self.broker = broker
         self.socket_stream = stream
         self.stream: trio.abc.Stream = stream  # a TLS stream over the socket once the handshake is done

@@ -3,14 +3,21 @@ only what `Engine` answers directly."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from streaming.core.engine.engine import Engine
+from streaming.core.engine.state import Group, Sub
+
+
+class Inspected(Protocol):
+    """What the engine answers of its state (streaming.core.engine.engine.Engine)."""
+
+    def state_of(self, sub_id: int) -> Sub: ...
+    def client_ids(self) -> list[str]: ...
+    def group(self, channel: str, key: str) -> Group | None: ...
 
 
 class Inspection:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Inspected) -> None:
         self._engine = engine
 
     def client_ids(self) -> list[str]:
