@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -49,8 +50,9 @@ log = logging.getLogger(__name__)
 
 
 def tune_gc() -> None:
-    """The collector policy for a long-running server process; its entry point calls it once, after
-    recovery (never `serve`: a process that runs servers in it, such as a test run, keeps its own).
+    """The collector policy for a long-running server process; its entry point has `serve` call it once,
+    after recovery and before serving (`after_recovery`): a process that runs servers in it, such as a
+    test run, keeps its own.
 
     With the default thresholds a full collection walks every live object every ~700 x 10 x 10
     allocations, and on this workload that is a pause of tens of ms in the middle of a redelivery pass.
@@ -138,8 +140,15 @@ def stan_config(config: ServerConfig) -> StanConfig:
     )
 
 
-async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED) -> None:
-    """Run the server until cancelled. Store errors at startup (lock, cluster ID, schema) propagate."""
+async def serve(
+    config: ServerConfig,
+    *,
+    after_recovery: Callable[[], None] | None = None,
+    task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the server until cancelled. Store errors at startup (lock, cluster ID, schema) propagate.
+    `after_recovery` runs once the store is recovered, before any client is served (the entry point's
+    process-wide settings: `tune_gc`)."""
     limits = config.store_limits()
     directory = config.dir if config.store == "lmdb" else None
     store = await trio.to_thread.run_sync(
@@ -187,6 +196,8 @@ async def serve(config: ServerConfig, *, task_status: trio.TaskStatus[Running] =
             if not store.synced:
                 nursery.start_soon(partial(sync_periodically, store, config.sync_interval, in_thread=True))
             await nursery.start(core.run)
+            if after_recovery is not None:
+                after_recovery()
             if config.nats_server:
                 port = await nursery.start(link.serve)
                 if partition is not None:

@@ -12,6 +12,7 @@ import logging
 import signal
 import sys
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -273,8 +274,8 @@ async def _run_server(config: ServerConfig) -> None:
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            running = await nursery.start(serve, config)
-            tune_gc()  # recovered: what exists now is frozen out of the collector's scans
+            # Recovered, before any client: what exists then is frozen out of the collector's scans.
+            running = await nursery.start(partial(serve, config, after_recovery=tune_gc))
             where = f"in {config.dir}" if config.store == "lmdb" else "in memory (nothing survives a restart)"
             log.info("store: %s %s", config.store, where)
             if not running.store.synced:
