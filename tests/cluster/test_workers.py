@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -106,12 +107,7 @@ def test_workers_share_the_channels_by_hash_and_come_back_after_a_kill(tmp_path:
 
 def test_the_cluster_demo_starts_three_nodes_and_three_servers_and_stops_them(tmp_path: Path) -> None:
     base = free_port()
-    demo = subprocess.Popen(
-        [sys.executable, str(ROOT / "scripts" / "cluster-demo"), "--base-port", str(base), "--dir", str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    demo = start_demo(base, tmp_path)
     assert demo.stdout is not None
     try:
         lines = [demo.stdout.readline() for _ in range(9)]
@@ -138,14 +134,7 @@ def test_the_cluster_demo_starts_three_nodes_and_three_servers_and_stops_them(tm
 def test_the_cluster_demo_stops_on_ctrl_c_when_started_as_a_background_job(tmp_path: Path) -> None:
     """A shell's background job starts with SIGINT ignored, and Python then installs no handler of its
     own: the demo sets its own, or Ctrl-C would do nothing."""
-    base = free_port()
-    demo = subprocess.Popen(
-        [sys.executable, str(ROOT / "scripts" / "cluster-demo"), "--base-port", str(base), "--dir", str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-    )
+    demo = start_demo(free_port(), tmp_path, preexec=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     assert demo.stdout is not None
     try:
         lines = [demo.stdout.readline() for _ in range(9)]
@@ -153,6 +142,17 @@ def test_the_cluster_demo_stops_on_ctrl_c_when_started_as_a_background_job(tmp_p
     finally:
         code, left = ctrl_c(demo, tmp_path)
     assert code == 0 and left == []
+
+
+def start_demo(base: int, directory: Path, preexec: Callable[[], object] | None = None) -> subprocess.Popen[str]:
+    """scripts/cluster-demo on ports from `base`, its data in `directory` (`preexec`: in the child first)."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "cluster-demo"), "--base-port", str(base), "--dir", str(directory)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=preexec,
+    )
 
 
 def ctrl_c(demo: subprocess.Popen[str], directory: Path) -> tuple[int | None, list[int]]:
