@@ -19,7 +19,7 @@ import trio
 from storage import open_store
 from streaming.client import StartPosition, connect
 from streaming.stan.partitions import channel_partition
-from tests.support.servers import ServerProcess, free_port, wait_for
+from tests.support.servers import ServerProcess, free_port, state_stored, wait_for
 
 pytestmark = pytest.mark.slow
 CID = "test-cluster"
@@ -28,6 +28,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def pids(log: list[str], name: str) -> list[int]:
     return [int(m.group(1)) for line in log if (m := re.search(rf"{name} started \(pid (\d+)\)", line))]
+
+
+def monitoring_port(log: list[str], worker: int) -> int:
+    """The monitoring port worker `worker` logged (each worker takes a free one with `--http_port=-1`)."""
+    (port,) = [
+        int(m.group(1))
+        for line in log
+        if f"[worker-{worker}]" in line and (m := re.search(r"Listening for HTTP monitoring on [^:]+:(\d+)", line))
+    ]
+    return port
 
 
 def alive(pid: int) -> bool:
@@ -40,7 +50,9 @@ def alive(pid: int) -> bool:
 
 def test_workers_share_the_channels_by_hash_and_come_back_after_a_kill(tmp_path: Path) -> None:
     port = free_port()
-    supervisor = ServerProcess(["--workers", "3", "-p", str(port), "--dir", str(tmp_path / "data")]).start(timeout=40)
+    supervisor = ServerProcess(
+        ["--workers", "3", "-p", str(port), "--http_port=-1", "--dir", str(tmp_path / "data")]
+    ).start(timeout=40)
     assert supervisor.port == port
     channels = [f"ch{i}" for i in range(12)] + ["orders.eu.paris"]
     try:
@@ -61,8 +73,8 @@ def test_workers_share_the_channels_by_hash_and_come_back_after_a_kill(tmp_path:
                 with trio.fail_after(5):
                     got = [await sub.next_msg() for _ in range(3)]
                 got[0].ack()
-                await sub.close()
-            await trio.sleep(0.3)  # the ack, the close and the client's close are stored (30 ms)
+                await sub.close()  # answered by ch1's worker once it has the ack and the close...
+            await state_stored(monitoring_port(supervisor.log, channel_partition("ch1", 3)))  # ...and stored them
 
         trio.run(before_the_kill)
         owner = channel_partition("ch1", 3)
