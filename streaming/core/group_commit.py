@@ -169,7 +169,7 @@ class GroupCommit:
         self._queue = []
         self.inline_commits += 1
         try:
-            self._pipeline.commit(queue, channels_exist=True)  # `_commit_here` checked them
+            self._pipeline.commit(queue, channels_checked=True)  # `_commit_here` checked them
         except Exception:
             self._pipeline.refuse(queue)
         self._done(queue)

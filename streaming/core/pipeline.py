@@ -249,22 +249,22 @@ class Pipeline:
         except (ChannelError, StoreError):  # the commit refuses these with the right error
             return False
 
-    def commit(self, batch: list[Publish], *, channels_exist: bool = False) -> None:
+    def commit(self, batch: list[Publish], *, channels_checked: bool = False) -> None:
         """The whole commit of `batch` on this thread, every store call inline (`commit_steps`)."""
-        run_now(self.commit_steps(batch, channels_exist=channels_exist))
+        run_now(self.commit_steps(batch, channels_checked=channels_checked))
 
-    def commit_steps(self, batch: list[Publish], *, channels_exist: bool = False) -> CommitSteps:
+    def commit_steps(self, batch: list[Publish], *, channels_checked: bool = False) -> CommitSteps:
         """The commit sequence of one batch, written once: create the channels it needs → append →
         announce → deliver → acknowledge, every publisher in arrival order.
 
         A generator of the store calls it needs made (`StoreStep`): whoever drives it chooses when and
         on which thread each call runs (`run_now`, inline; the group commit under Trio), and leaves
         the outcome in the step. It never blocks otherwise.
-        `channels_exist`: the caller has just checked that every channel it names exists
+        `channels_checked`: the caller has just checked that every channel it names exists
         (`channels_exist()`), so none is looked up again.
         """
         refused: dict[str, Exception] = {}
-        for name in () if channels_exist else self._missing_channels(batch, refused):
+        for name in () if channels_checked else self._missing_channels(batch, refused):
             step = StoreStep(partial(self.store.ensure_channel, name))
             yield step
             if isinstance(step.error, ChannelError):

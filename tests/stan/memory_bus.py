@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import attrs
 import trio
+import trio.testing
 
 from streaming.nats.bus import BusStatistics, Handler, Origin, RunHandler, SpanListener
 from streaming.security.auth import Authenticator

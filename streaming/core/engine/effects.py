@@ -40,9 +40,6 @@ class EffectsAccumulator:
     def add_observer(self, observer: Observer) -> None:
         self._observers.append(observer)
 
-    def _has_effects(self) -> bool:
-        return bool(self._deliveries or self._dead or self._updates or self._timers or self._events)
-
     def _take(self) -> Effects:
         effects = Effects(self._deliveries, self._dead, self._updates, self._timers)
         self._deliveries, self._dead, self._updates, self._timers = [], [], [], set()
