@@ -253,9 +253,10 @@ def routes_up(nodes: list[NatsNode], timeout: float = 10.0) -> None:
 
 
 @contextmanager
-def nats_cluster(size: int = 3, *, extra: str = "") -> Iterator[list[NatsNode]]:
+def nats_cluster(size: int = 3, *, extra: str = "", jetstream: bool = False) -> Iterator[list[NatsNode]]:
     """`size` nats-server nodes on loopback; with more than one, routed to each other as one cluster.
-    `extra`: more configuration for every node (accounts, authorization, TLS)."""
+    `extra`: more configuration for every node (accounts, authorization, TLS); `jetstream`: each node
+    runs JetStream, storing in a directory of its own."""
     directory = Path(tempfile.mkdtemp(prefix="nats-cluster-"))
     nodes = [
         # Names unique across clusters: two nodes of one name refuse to route to each other.
@@ -268,7 +269,10 @@ def nats_cluster(size: int = 3, *, extra: str = "") -> Iterator[list[NatsNode]]:
         # Every node listens for routes, so that a test can join two clusters later (a reload adding routes).
         routes = ", ".join(f"nats-route://127.0.0.1:{n.cluster_port}" for n in nodes if n is not node)
         cluster = f"cluster {{\n  name: test\n  listen: 127.0.0.1:{node.cluster_port}\n  routes: [{routes}]\n}}\n"
-        node.conf.write_text(f"server_name: {node.name}\nlisten: 127.0.0.1:{node.port}\n{cluster}{extra}\n")
+        if jetstream and size == 1:
+            cluster = ""  # a JetStream cluster of one cannot start (it needs routes): a single server
+        js = f'jetstream {{\n  store_dir: "{directory / node.name}"\n}}\n' if jetstream else ""
+        node.conf.write_text(f"server_name: {node.name}\nlisten: 127.0.0.1:{node.port}\n{cluster}{js}{extra}\n")
     try:
         for node in nodes:
             node.start()

@@ -208,6 +208,12 @@ class ServerConfig:
     # With nats_server: own partition INDEX of COUNT ("3/12") of the channel-name hash that the local
     # nats-server of `--workers` maps publishes by, instead of [channels] (set by `--workers`).
     hash_partition: str = ""
+    # With nats_server: a fault-tolerance group of this name (docs/high-availability.md): one member
+    # active, the others standbys, sharing a log replicated `ft_replicas` times in JetStream; a member
+    # whose lease goes `ft_lease` without renewal is replaced.
+    ft_group: str = ""
+    ft_replicas: int = 3
+    ft_lease: Duration = Duration(2.0)
     server_name: str = "streaming-server"  # in monitoring, metrics and partition conflicts
     allow_ms_ack_wait: bool = False  # test-only: a negative ackWaitInSecs means milliseconds
     log_level: str = "info"
@@ -281,6 +287,15 @@ class ServerConfig:
                 "http_api_port with partitioning: the HTTP doors (Bayeux, pull) are not partitioned; serve them "
                 "from a server that owns every channel"
             )
+        if self.ft_group:
+            if not self.nats_server:
+                raise ConfigError("ft_group needs nats_server: the group's log and lease are in its JetStream")
+            if self.store != "lmdb":
+                raise ConfigError("ft_group needs the lmdb store (each member keeps a copy of the group's data)")
+            if not 1 <= self.ft_replicas <= 5:
+                raise ConfigError("ft_replicas must be 1 to 5 (JetStream's replica counts)")
+            if self.ft_lease < 0.5:
+                raise ConfigError("ft_lease must be at least 0.5s")
         if self.partitioning and not self.hash_partition and not self.channels:
             raise ConfigError('partitioning needs the channels this server owns: [channels."NAME"] tables')
         if bool(self.tls_client_cert) != bool(self.tls_client_key):

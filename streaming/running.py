@@ -8,6 +8,7 @@ from storage import Store
 from streaming.bayeux.door import BayeuxDoor
 from streaming.core.door_api import DoorApi
 from streaming.core.service import Core
+from streaming.ft.status import FtStatus
 from streaming.nats.broker import Broker
 from streaming.nats.bus import Bus
 from streaming.observability.event_log import EventLog
@@ -33,6 +34,7 @@ class Running:
     http_api_port: int = 0  # the HTTP client port (Bayeux), when one is served
     server_name: str = "streaming-server"
     partition: Partition | None = None  # the channels it owns, when partitioned
+    ft: FtStatus | None = None  # where it stands in its fault-tolerance group, when it is in one
 
     @property
     def broker(self) -> Broker:

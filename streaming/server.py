@@ -144,24 +144,27 @@ async def serve(
     config: ServerConfig,
     *,
     after_recovery: Callable[[], None] | None = None,
+    store: Store | None = None,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the server until cancelled. Store errors at startup (lock, cluster ID, schema) propagate.
     `after_recovery` runs once the store is recovered, before any client is served (the entry point's
-    process-wide settings: `tune_gc`)."""
-    limits = config.store_limits()
-    directory = config.dir if config.store == "lmdb" else None
-    store = await trio.to_thread.run_sync(
-        partial(
-            open_store,
-            config.store,
-            directory,
-            config.cluster_id,
-            limits,
-            sync=config.file_sync,
-            verify=config.verify_on_start,
+    process-wide settings: `tune_gc`). `store`: serve this one (an FT group's replicated store) rather
+    than open the one `config` names; it is closed all the same."""
+    replicated = store is not None
+    if store is None:
+        directory = config.dir if config.store == "lmdb" else None
+        store = await trio.to_thread.run_sync(
+            partial(
+                open_store,
+                config.store,
+                directory,
+                config.cluster_id,
+                config.store_limits(),
+                sync=config.file_sync,
+                verify=config.verify_on_start,
+            )
         )
-    )
     try:
         tls_files = config.tls_files()
         bus: Bus
@@ -185,6 +188,7 @@ async def serve(
             engine_observers=observers,
             observer=Fanout(list(observers)) if observers else None,
             recovery_hold_s=config.recovery_hold,
+            remote_store=replicated,
         )
         api = DoorApi(core)
         stan = StanDoor(stan_config(config), bus, api, partition)

@@ -14,7 +14,7 @@ import sys
 from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -22,10 +22,14 @@ from storage import DamagedStoreError, StoreError
 from streaming.cli.flags import flag
 from streaming.cli.maintenance import maintenance_main, way_forward
 from streaming.config import ConfigError, ServerConfig, load, merged, parse_bool, parse_duration, parse_size
+from streaming.ft.status import GroupError
 from streaming.nats.link import LinkError
 from streaming.security.tls import TlsError, server_context
 from streaming.stan.partitions import PartitionConflict
 from streaming.workers import WorkerPlan, WorkersError, forwarded_arguments, supervise
+
+if TYPE_CHECKING:
+    from streaming.running import Running
 
 log = logging.getLogger("streaming")
 
@@ -73,6 +77,14 @@ def _server_parser() -> argparse.ArgumentParser:
         help="own only the channels of the config file's [channels] (wildcards allowed); other servers with "
         "this cluster ID on the same NATS cluster own the rest",
     )
+    ext(
+        "--ft_group",
+        metavar="NAME",
+        help="be a member of this fault-tolerance group (with --nats_server: one member serves, the others "
+        "stand by, sharing a log replicated in JetStream; docs/high-availability.md)",
+    )
+    ext("--ft_replicas", type=int, metavar="N", help="copies JetStream keeps of the group's log (default 3)")
+    ext("--ft_lease", type=dur, help="a standby takes over after the active went this long silent (default 2s)")
     ext("--hash_partition", metavar="I/N", help="own partition I of N of the channel-name hash (what --workers runs)")
     ext(
         "--workers",
@@ -213,8 +225,8 @@ def server_main(argv: list[str] | None = None) -> int:
         return _workers_main(config, workers, argv)
     failed = False
     try:
-        trio.run(_run_server, config)
-    except* (StoreError, OSError, ConfigError, LinkError, PartitionConflict, TlsError) as group:
+        trio.run(_run_member if config.ft_group else _run_server, config)
+    except* (StoreError, OSError, ConfigError, LinkError, PartitionConflict, TlsError, GroupError) as group:
         for error in _leaves(group):
             if isinstance(error, DamagedStoreError):
                 log.error("cannot start: %s; %s", error, way_forward(config.dir))
@@ -291,6 +303,22 @@ async def _run_server(config: ServerConfig) -> None:
             else:
                 # Tests and scripts wait for this exact line (nats-server prints the same).
                 log.info("Listening for client connections on %s:%d", config.host, running.port)
+            await _stop_on_signal(signals, nursery, "shutting down")
+    log.info("server stopped")
+
+
+async def _run_member(config: ServerConfig) -> None:
+    from streaming.ft.group import serve_member
+    from streaming.server import tune_gc
+
+    def on_active(running: Running) -> None:
+        # Tests and scripts wait for this line, as for a single server attached to a cluster.
+        log.info("Serving STAN clients through the NATS cluster at %s (ft group %s)", running.bus.url, config.ft_group)
+
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(serve_member, config, after_recovery=tune_gc, on_active=on_active))
+            log.info("store: lmdb in %s, a copy of ft group %s's log", config.dir, config.ft_group)
             await _stop_on_signal(signals, nursery, "shutting down")
     log.info("server stopped")
 

@@ -114,6 +114,7 @@ class GroupCommit:
         high_water: int = 65536,
         inline_batch: int = 128,
         inline_bytes: int = 64 * 1024,
+        appends_on_loop: bool = True,
     ) -> None:
         self._pipeline = pipeline
         self._in_thread = store_in_thread
@@ -121,6 +122,7 @@ class GroupCommit:
         self._high_water = high_water
         self._inline_batch = inline_batch
         self._inline_bytes = inline_bytes
+        self._appends_on_loop = appends_on_loop  # False: each append waits for a replicated log
         self._queue: list[Publish] = []
         self._work = trio.Event()
         self._room = trio.Event()
@@ -304,7 +306,11 @@ class GroupCommit:
         than the loop is held (see bench/README.md, *Figures behind choices*)."""
         if not self._in_thread:
             return True
-        return len(batch) <= self._inline_batch and sum(len(p.data) for p in batch) <= self._inline_bytes
+        return (
+            self._appends_on_loop
+            and len(batch) <= self._inline_batch
+            and sum(len(p.data) for p in batch) <= self._inline_bytes
+        )
 
     def _done(self, batch: list[Publish]) -> None:
         self._committed += len(batch)

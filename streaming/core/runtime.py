@@ -90,8 +90,10 @@ class EngineRuntime(StateWriter):
         grace: float = 0.05,
         flush_linger: float = 0.0,
         align_writes: bool = False,
+        writes_in_thread: bool = False,
     ) -> None:
         self.engine = engine
+        self._writes_in_thread = writes_in_thread  # even large ones (each waits for a replicated log)
         self._align = align_writes
         self.store = engine.store
         self._pipeline: Pipeline | None = None
@@ -404,7 +406,7 @@ class EngineRuntime(StateWriter):
         # loop responsive (each slice is still applied in order, so the result is the same). Sizes
         # count store entries: a run of first deliveries or acks is one update of many entries.
         sizes = [len(u.seqs) if type(u) is SetPendingRun or type(u) is ClearPendingRun else 1 for u in updates]
-        in_thread = self._store_in_thread and sum(sizes) < _INLINE_STATE_WRITE
+        in_thread = self._store_in_thread and (self._writes_in_thread or sum(sizes) < _INLINE_STATE_WRITE)
         start = 0
         while start < len(updates):
             end, entries = start, 0

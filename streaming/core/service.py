@@ -48,6 +48,7 @@ class Core:
         grace: float = 0.05,
         flush_linger_s: float | None = None,
         align_state_writes: bool | None = None,
+        remote_store: bool = False,
     ) -> None:
         self.store = store
         self.in_thread = store_in_thread  # store calls that may fsync run on a worker thread
@@ -62,6 +63,8 @@ class Core:
             flush_linger_s if flush_linger_s is not None else (_STATE_FLUSH_LINGER_S if store_in_thread else 0.0)
         )
         self._align = align_state_writes if align_state_writes is not None else store_in_thread
+        # Every write waits for a replicated log's quorum (an FT group's active): never on the loop.
+        self._remote = remote_store
         self.doors = Doors()
         self.recovered: RecoveredState
         self.engine: Engine
@@ -85,11 +88,12 @@ class Core:
             grace=self._grace,
             flush_linger=self._linger,
             align_writes=self._align,
+            writes_in_thread=self._remote,
         )
         self.pipeline = Pipeline(
             self.store, self.engine, self.doors, self.runtime, clock=trio.current_time, observer=self._observer
         )
-        self.group_commit = GroupCommit(self.pipeline, store_in_thread=self.in_thread)
+        self.group_commit = GroupCommit(self.pipeline, store_in_thread=self.in_thread, appends_on_loop=not self._remote)
         self.runtime.bind(self.pipeline, self.group_commit)
         clients = {c.client_id for c in state.clients}
         held = [s.record.inbox for s in state.subscriptions if s.pending and s.record.client_id in clients]

@@ -1,0 +1,2 @@
+"""Fault-tolerance groups: one active server and standbys per group, sharing one replicated log in
+NATS JetStream (docs/high-availability.md)."""

@@ -1,0 +1,120 @@
+"""An FT group on a real three-node nats-server cluster with JetStream, under continuous load from
+node-nats-streaming: the active killed, paused, wiped; NATS nodes killed. Nothing acknowledged is
+lost, nothing is stored twice, the clients never reconnect, and a standby serves within seconds."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.peers import nats_cluster
+from tests.support.ft import Load, caught_up, check, first_ack_after, group, member, stored, the_active, wait_until
+from tests.support.node import node
+
+pytestmark = [pytest.mark.slow, node]
+CHANNEL = "orders"
+
+
+def test_killing_the_active_loses_nothing_and_a_standby_serves_within_seconds(tmp_path: Path) -> None:
+    with nats_cluster(3, jetstream=True) as nodes, group(nodes, tmp_path) as members:
+        active = the_active(members)
+        load = Load(nodes, CHANNEL)
+        load.wait_acked(300)
+        killed_at = time.time() * 1000
+        active.process.kill()
+        standby = the_active([m for m in members if m is not active])
+        load.wait_acked(load.acked() + 300)
+        events = load.stop()
+        took = first_ack_after(events, killed_at)
+        assert took < 5.0, f"the first PubAck after the kill came {took:.2f}s later"
+        # The killed member comes back as a standby and catches up; its copy is the active's.
+        active.start()
+        caught_up(active, standby)
+        active.process.stop()
+        standby.process.stop()
+        messages = stored(standby.data, CHANNEL)
+        report = check(events, messages)
+        assert report.acked >= 600
+        assert stored(active.data, CHANNEL) == messages
+
+
+def test_a_paused_active_steps_down_and_acknowledges_nothing_the_new_one_lacks(tmp_path: Path) -> None:
+    with nats_cluster(3, jetstream=True) as nodes, group(nodes, tmp_path) as members:
+        old = the_active(members)
+        load = Load(nodes, CHANNEL)
+        load.wait_acked(200)
+        old.signal(signal.SIGSTOP)
+        new = the_active([m for m in members if m is not old])
+        load.wait_acked(load.acked() + 200)
+        old.signal(signal.SIGCONT)
+        wait_until(lambda: old.state == "FT_STANDBY", 20)
+        assert any("stopped serving; it is a standby again" in line for line in old.process.log)
+        load.wait_acked(load.acked() + 100)
+        events = load.stop()
+        caught_up(old, new)
+        old.process.stop()
+        new.process.stop()
+        messages = stored(new.data, CHANNEL)
+        check(events, messages)  # every PubAck'd message is in the new active's channel, once
+        assert stored(old.data, CHANNEL) == messages
+
+
+def test_a_wiped_standby_rebuilds_a_byte_identical_copy_from_the_log(tmp_path: Path) -> None:
+    with nats_cluster(3, jetstream=True) as nodes, group(nodes, tmp_path) as members:
+        active = the_active(members)
+        standby = next(m for m in members if m is not active)
+        load = Load(nodes, CHANNEL)
+        load.wait_acked(300)
+        standby.process.stop()
+        shutil.rmtree(standby.data)
+        standby.start()
+        load.wait_acked(load.acked() + 200)
+        events = load.stop()
+        caught_up(standby, active)
+        standby.process.stop()
+        active.process.stop()
+        messages = stored(active.data, CHANNEL)
+        check(events, messages)
+        assert stored(standby.data, CHANNEL) == messages
+
+
+def test_losing_nats_nodes_pauses_writes_and_never_splits_the_brain(tmp_path: Path) -> None:
+    with nats_cluster(3, jetstream=True) as nodes, group(nodes, tmp_path) as members:
+        the_active(members)
+        load = Load(nodes, CHANNEL, max_ping_out=30)  # the client waits out the outage (pings 5 s apart)
+        load.wait_acked(200)
+        # One node of three: the stream and the lease keep a quorum; writes pause at most, then resume.
+        nodes[0].kill()
+        load.wait_acked(load.acked() + 200, within=60)
+        # Two of three: no quorum, so no PubAck at all until a node returns.
+        nodes[1].kill()
+        time.sleep(1.0)
+        quiet_from = time.time() * 1000
+        time.sleep(4.0)
+        acked_without_quorum = [e for e in list(load.events) if "a" in e and e["t"] > quiet_from]
+        assert acked_without_quorum == []
+        nodes[1].start()
+        load.wait_acked(load.acked() + 200, within=90)
+        events = load.stop()
+        active = the_active(members, within=30)
+        for m in members:
+            m.process.stop()
+        check(events, stored(active.data, CHANNEL))
+
+
+def test_a_group_on_a_single_node_with_one_replica(tmp_path: Path) -> None:
+    """Development: one nats-server, `--ft_replicas 1`."""
+    with nats_cluster(1, jetstream=True) as nodes:
+        first = member("solo", nodes, tmp_path, replicas=1).start()
+        try:
+            the_active([first])
+            load = Load(nodes, CHANNEL)
+            load.wait_acked(100)
+            events = load.stop()
+        finally:
+            first.process.stop()
+        check(events, stored(first.data, CHANNEL))
