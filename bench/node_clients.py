@@ -19,16 +19,15 @@ NODE_SYSTEMS = ("ours", "jetstream")
 
 
 class ServerCpu:
-    """The server process's CPU time (user + system) over the consume phase: `start()` to `stop()`."""
+    """The server processes' CPU time (user + system) over the timed part: `start()` to `stop()`."""
 
-    def __init__(self, pid: int) -> None:
-        self._proc = psutil.Process(pid)
+    def __init__(self, pid: int, *more: int) -> None:
+        self._procs = [psutil.Process(p) for p in (pid, *more)]
         self._at = 0.0
         self.seconds = 0.0
 
     def _now(self) -> float:
-        times = self._proc.cpu_times()
-        return float(times.user + times.system)
+        return sum(float(t.user + t.system) for t in (p.cpu_times() for p in self._procs))
 
     def start(self) -> None:
         self._at = self._now()

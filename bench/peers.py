@@ -253,10 +253,13 @@ def routes_up(nodes: list[NatsNode], timeout: float = 10.0) -> None:
 
 
 @contextmanager
-def nats_cluster(size: int = 3, *, extra: str = "", jetstream: bool = False) -> Iterator[list[NatsNode]]:
+def nats_cluster(
+    size: int = 3, *, extra: str = "", jetstream: bool = False, sync_always: bool = False
+) -> Iterator[list[NatsNode]]:
     """`size` nats-server nodes on loopback; with more than one, routed to each other as one cluster.
     `extra`: more configuration for every node (accounts, authorization, TLS); `jetstream`: each node
-    runs JetStream, storing in a directory of its own."""
+    runs JetStream, storing in a directory of its own (`sync_always`: fsynced at every write, not every
+    two minutes)."""
     directory = Path(tempfile.mkdtemp(prefix="nats-cluster-"))
     nodes = [
         # Names unique across clusters: two nodes of one name refuse to route to each other.
@@ -271,7 +274,8 @@ def nats_cluster(size: int = 3, *, extra: str = "", jetstream: bool = False) -> 
         cluster = f"cluster {{\n  name: test\n  listen: 127.0.0.1:{node.cluster_port}\n  routes: [{routes}]\n}}\n"
         if jetstream and size == 1:
             cluster = ""  # a JetStream cluster of one cannot start (it needs routes): a single server
-        js = f'jetstream {{\n  store_dir: "{directory / node.name}"\n}}\n' if jetstream else ""
+        sync = "\n  sync_interval: always" if sync_always else ""
+        js = f'jetstream {{\n  store_dir: "{directory / node.name}"{sync}\n}}\n' if jetstream else ""
         node.conf.write_text(f"server_name: {node.name}\nlisten: 127.0.0.1:{node.port}\n{cluster}{js}{extra}\n")
     try:
         for node in nodes:

@@ -266,6 +266,25 @@ ROWS: list[tuple[str, list[tuple[str, str, str, list[tuple[str, str]]]]]] = [
         ],
     ),
     (
+        "FT group",
+        [
+            (
+                "Active member (1) and standbys (0)",
+                "timeseries",
+                "short",
+                [('streaming_ft_active{job=~"$job"}', "{{instance}}")],
+            ),
+            ("Epoch", "timeseries", "short", [('max(streaming_ft_epoch{job=~"$job"})', "epoch")]),
+            (
+                "Standby lag (log records)",
+                "timeseries",
+                "short",
+                [('streaming_ft_lag_records{job=~"$job"}', "{{instance}}")],
+            ),
+            ("Takeovers", "timeseries", "short", [(f"sum(increase(streaming_ft_takeovers_total{RI}))", "takeovers")]),
+        ],
+    ),
+    (
         "Process",
         [
             ("CPU", "timeseries", "percentunit", [(f'rate(process_cpu_seconds_total{{job=~"$job"}}{RI})', "cpu")]),

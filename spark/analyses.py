@@ -277,14 +277,46 @@ def episodes(events: DataFrame, bucketed: DataFrame, s: Settings) -> DataFrame:
     dominant = _first(by_reason, [*KEY, "start_us"], [F.desc("count"), F.col("reason")]).select(
         *KEY, "start_us", F.col("reason").alias("dominant_reason")
     )
+    found = runs.join(amp, [*KEY, "start_us"], "left").join(dominant, [*KEY, "start_us"], "left")
     return (
-        runs.join(amp, [*KEY, "start_us"], "left")
-        .join(dominant, [*KEY, "start_us"], "left")
+        _with_cause(events, found, s)
         .withColumn("start", _time("start_us"))
         .withColumn("end", _time("end_us"))
         .withColumn("duration_s", (F.col("end_us") - F.col("start_us")) / 1e6)
         .orderBy(*KEY, "start_us")
     )
+
+
+CAUSES = ("takeover", "restart", "member left", "slow consumer")
+
+
+def _with_cause(events: DataFrame, found: DataFrame, s: Settings) -> DataFrame:
+    """Each episode's cause, from the records around it: a fault-tolerance takeover (an `ft_takeover`
+    shortly before or during it), else a restart (a `server_start`), else what its redeliveries say:
+    queue members leaving (`member_left`) or a consumer slower than its AckWait (`ack_timeout`);
+    else its dominant reason as it is."""
+    marks = events.filter(F.col("event").isin("server_start", "ft_takeover")).select(
+        F.col("ts").alias("mark_us"), F.col("event").alias("mark")
+    )
+    lookback = F.lit(2 * s.bucket_us)  # redeliveries of what was pending follow a start within moments
+    near = (
+        found.select(*KEY, "start_us", "end_us")
+        .join(F.broadcast(marks), F.col("mark_us").between(F.col("start_us") - lookback, F.col("end_us") - 1))
+        .groupBy(*KEY, "start_us")
+        .agg(
+            F.max((F.col("mark") == "ft_takeover").cast("int")).alias("takeovers"),
+            F.count("*").alias("starts"),
+        )
+    )
+    reason = F.col("dominant_reason")
+    cause = (
+        F.when(F.col("takeovers") == 1, F.lit("takeover"))
+        .when(F.col("starts") > 0, F.lit("restart"))
+        .when(reason == "member_left", F.lit("member left"))
+        .when(reason == "ack_timeout", F.lit("slow consumer"))
+        .otherwise(F.coalesce(reason, F.lit("unknown")))
+    )
+    return found.join(near, [*KEY, "start_us"], "left").withColumn("cause", cause).drop("takeovers", "starts")
 
 
 # -- 5. AckWait fit -------------------------------------------------------------------------------

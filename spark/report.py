@@ -158,7 +158,9 @@ def write(out: Path, summary: dict[str, Any], plots: dict[str, str]) -> None:
         f"{summary['settings']['storm_min_redeliveries']}): hot buckets never join that baseline, so a storm is "
         "measured against the traffic from before it however long it lasts. An episode is "
         f"{summary['settings']['storm_min_buckets']} or more hot buckets in a row; a bucket with no delivery "
-        "at all (a restart) carries an episode on.",
+        "at all (a restart) carries an episode on. Its cause: a fault-tolerance `takeover` or a `restart` "
+        "shortly before or during it, else `member left` or `slow consumer` (AckWait ran out) from its "
+        "redeliveries.",
         "",
         _table(
             summary["storm_episodes"],
@@ -170,6 +172,7 @@ def write(out: Path, summary: dict[str, Any], plots: dict[str, str]) -> None:
                 "peak_redeliveries",
                 "redeliveries",
                 "amplification",
+                "cause",
                 "dominant_reason",
                 "recommendation",
             ],

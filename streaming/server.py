@@ -206,7 +206,7 @@ async def serve(
                 port = await nursery.start(link.serve)
                 if partition is not None:
                     # Before taking a channel's publishes: no other server of the cluster ID owns it.
-                    claims = Claims(link, config.cluster_id, config.server_name, partition)
+                    claims = Claims(link, config.cluster_id, config.server_name, partition, config.ft_group)
                     claims.start()
                     await link.flush()
                     await claims.check()

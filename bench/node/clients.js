@@ -90,7 +90,8 @@ async function jetstream() {
   const { connect, AckPolicy, DeliverPolicy } = require('nats');
   const nc = await connect({ port });
   const jsm = await nc.jetstreamManager();
-  await jsm.streams.add({ name: 'BENCH', subjects: ['bench'], storage: 'file' });
+  // JS_REPLICAS: copies of the stream on a JetStream cluster (bench/ha.py: 3).
+  await jsm.streams.add({ name: 'BENCH', subjects: ['bench'], storage: 'file', num_replicas: Number(process.env.JS_REPLICAS || 1) });
   const js = nc.jetstream();
   const publishAll = async (n) => {
     let pending = [];

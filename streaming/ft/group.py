@@ -23,11 +23,14 @@ import hashlib
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
 import trio
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -43,6 +46,7 @@ from streaming.ft.replay import replay_at
 from streaming.ft.status import ACTIVE, STANDBY, FtStatus, GroupError
 from streaming.ft.store import NotActiveError, ReplicatedStore
 from streaming.http_listener import serve_asgi
+from streaming.observability.metrics import ft_metrics
 from streaming.running import Running
 from streaming.security.tls import client_context
 from streaming.server import serve
@@ -318,6 +322,8 @@ class Member:
             running.ft = status
             status.state = ACTIVE
             self.running = running
+            if running.event_log is not None:
+                running.event_log.on_takeover(status.group, status.member)
             on_active(running)
             await lost.wait()
             nursery.cancel_scope.cancel()
@@ -364,9 +370,23 @@ class Member:
                 }
             )
 
-        app = Starlette(routes=[Route("/streaming/serverz", serverz)])
+        registry = CollectorRegistry()
+        registry.register(_FtCollector(self.status))
+
+        async def metrics(request: Request) -> Response:
+            return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+        app = Starlette(routes=[Route("/streaming/serverz", serverz), Route("/metrics", metrics)])
         host = self.config.http_host or self.config.host
         await serve_asgi(app, host, max(self.config.http_port, 0), log_name="streaming.ft.monitor.http")
+
+
+class _FtCollector(Collector):
+    def __init__(self, status: FtStatus) -> None:
+        self.status = status
+
+    def collect(self) -> Iterator[Metric]:
+        return ft_metrics(self.status)
 
 
 async def serve_member(

@@ -66,12 +66,13 @@ class ReplicatedStore(Store):
         # Log order must be local order: one change at a time, from the log append to the local commit.
         self._lock = threading.Lock()
 
-    def _write(self, record: oplog.Record) -> int:
-        """Append `record` to the log (before the caller does it locally, under the same lock)."""
+    def _write(self, record: oplog.Record, raw: bytes | None = None) -> int:
+        """Append `record` (encoded: `raw`) to the log, before the caller does it locally, under the
+        same lock."""
         if self.lost is not None:
             raise NotActiveError(str(self.lost))
         try:
-            seq = self.log.append(oplog.encode(record))
+            seq = self.log.append(oplog.encode(record) if raw is None else raw)
         except NotActiveError as exc:
             self.lost = exc
             self.on_lost(exc)
@@ -157,8 +158,19 @@ class ReplicatedStore(Store):
         if not batch:
             return
         with self._lock:
-            self._write(oplog.Apply(batch))
-            self.inner.apply(batch)
+            for part, raw in self._parts(batch):
+                self._write(part, raw)
+                self.inner.apply(part.updates)
+
+    def _parts(self, batch: tuple[SubUpdate, ...]) -> list[tuple[oplog.Apply, bytes]]:
+        """`batch` as one record, or as several in order when it is larger than a record may be (the
+        store's own slices on the event loop are not one transaction either)."""
+        whole = oplog.Apply(batch)
+        raw = oplog.encode(whole)
+        if len(batch) == 1 or len(raw) <= self.log.max_record - 1024:
+            return [(whole, raw)]
+        half = len(batch) // 2
+        return self._parts(batch[:half]) + self._parts(batch[half:])
 
     # -- reads and the rest: the local copy --------------------------------------------------------
 

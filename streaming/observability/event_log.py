@@ -156,6 +156,16 @@ class EventLog:
     def on_commit(self, seconds: float, messages: int) -> None:
         pass
 
+    def on_takeover(self, group: str, member: str) -> None:
+        """This server became the active of its FT group (`streaming.ft.group`)."""
+        line = (
+            f'{{"ts":{time.time_ns() // 1000},"event":"ft_takeover","channel":null,"seq":null,"last_seq":null,'
+            f'"sub":null,"group":{self._q(group)},"member":{self._q(member)},"attempt":null,"ack_wait_s":null,'
+            '"reason":null}\n'
+        )
+        self._pending.append(line.encode())
+        self._lines += 1
+
     # -- writer ------------------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

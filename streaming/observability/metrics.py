@@ -33,6 +33,7 @@ from streaming.core.engine import (
     MemberLeft,
     Reason,
 )
+from streaming.ft.status import ACTIVE, FtStatus
 from streaming.nats.broker import PROTOCOL_ERROR_KINDS
 from streaming.pull.door import PullStatistics
 from streaming.running import Running
@@ -245,6 +246,29 @@ class _Tallies(Collector):
             yield family.family()
 
 
+def ft_metrics(status: FtStatus) -> Iterator[Metric]:
+    """Where this server stands in its fault-tolerance group (on the active and on each standby)."""
+    labels = [status.group]
+    active = GaugeMetricFamily(
+        f"{PREFIX}_ft_active", "1 when this member serves its FT group, 0 when it stands by", labels=["ft_group"]
+    )
+    active.add_metric(labels, 1 if status.state == ACTIVE else 0)
+    yield active
+    epoch = GaugeMetricFamily(f"{PREFIX}_ft_epoch", "The group's epoch, as this member knows it", labels=["ft_group"])
+    epoch.add_metric(labels, status.epoch)
+    yield epoch
+    lag = GaugeMetricFamily(
+        f"{PREFIX}_ft_lag_records", "Records of the group's log this member does not hold yet", labels=["ft_group"]
+    )
+    lag.add_metric(labels, status.lag)
+    yield lag
+    takeovers = CounterMetricFamily(
+        f"{PREFIX}_ft_takeovers", "Times this member became its FT group's active", labels=["ft_group"]
+    )
+    takeovers.add_metric(labels, status.takeovers)
+    yield takeovers
+
+
 class _StateCollector(Collector):
     """Gauges (and the broker's and STAN layer's own counters) read from the running server."""
 
@@ -263,6 +287,8 @@ class _StateCollector(Collector):
         owned = ",".join(running.partition.patterns) if running.partition is not None else "*"
         server.add_metric([running.server_name, stan.config.cluster_id, broker.url, owned], 1)
         yield server
+        if running.ft is not None:
+            yield from ft_metrics(running.ft)
 
         views = running.api.views()
         subs = GaugeMetricFamily(f"{PREFIX}_subscriptions", "Subscriptions", labels=["state"])

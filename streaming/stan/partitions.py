@@ -182,6 +182,7 @@ class Claim:
     token: str  # unique per process: its own claims are not a conflict
     started: float  # wall-clock time: the later of two overlapping servers gives way
     channels: tuple[str, ...]
+    group: str = ""  # its fault-tolerance group: members of one group take over from each other
 
     def encode(self) -> bytes:
         return json.dumps(attrs.asdict(self)).encode()
@@ -190,7 +191,13 @@ class Claim:
     def decode(cls, payload: bytes) -> Claim | None:
         try:
             data = json.loads(payload)
-            return cls(str(data["server"]), str(data["token"]), float(data["started"]), tuple(data["channels"]))
+            return cls(
+                str(data["server"]),
+                str(data["token"]),
+                float(data["started"]),
+                tuple(data["channels"]),
+                str(data.get("group", "")),
+            )
         except (ValueError, KeyError, TypeError, RecursionError):
             return None
 
@@ -201,11 +208,11 @@ class Claim:
 class Claims:
     """Announces this server's partition and watches for overlapping ones (see the module docstring)."""
 
-    def __init__(self, bus: Bus, cluster_id: str, server_name: str, partition: Partition) -> None:
+    def __init__(self, bus: Bus, cluster_id: str, server_name: str, partition: Partition, group: str = "") -> None:
         self._bus = bus
         self.partition = partition
         self.subject = f"_STAN.partitions.{cluster_id}"
-        self.mine = Claim(server_name, secrets.token_hex(8), time.time(), partition.patterns)
+        self.mine = Claim(server_name, secrets.token_hex(8), time.time(), partition.patterns, group)
         self._inbox = f"{self.subject}.answers.{self.mine.token}"
         self.conflict: PartitionConflict | None = None
         self._found = trio.Event()
@@ -254,6 +261,8 @@ class Claims:
         other = Claim.decode(payload)
         if other is None or other.token == self.mine.token:
             return
+        if other.group and other.group == self.mine.group:
+            return  # a member of this server's FT group (one that stepped down, or not yet): the log fences it
         shared = self.partition.overlapping(other.channels)
         if not shared:
             return

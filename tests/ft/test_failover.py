@@ -4,6 +4,7 @@ lost, nothing is stored twice, the clients never reconnect, and a standby serves
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.peers import nats_cluster
+from streaming.observability.event_schema import problems
 from tests.support.ft import Load, caught_up, check, first_ack_after, group, member, stored, the_active, wait_until
 from tests.support.node import node
 
@@ -40,6 +42,12 @@ def test_killing_the_active_loses_nothing_and_a_standby_serves_within_seconds(tm
         report = check(events, messages)
         assert report.acked >= 600
         assert stored(active.data, CHANNEL) == messages
+        # The new active's event log records the takeover, after its start, as the schema says.
+        lines = [json.loads(line) for f in sorted((tmp_path / f"{standby.name}-events").iterdir()) for line in f.open()]
+        kinds = [line["event"] for line in lines if line["event"] in ("server_start", "ft_takeover")]
+        assert kinds == ["server_start", "ft_takeover"]
+        (takeover,) = [line for line in lines if line["event"] == "ft_takeover"]
+        assert problems(takeover) == [] and takeover["group"] == "main"
 
 
 def test_a_paused_active_steps_down_and_acknowledges_nothing_the_new_one_lacks(tmp_path: Path) -> None:

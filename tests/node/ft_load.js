@@ -2,7 +2,7 @@
 // servers of an FT group: a pipelined publisher, a durable, a queue group of two and a plain subscriber,
 // every one acking what it gets. Each event is one JSON line on stdout, for the checker:
 //   {"a": i}                      message p-i was PubAck'd          {"f": i, "e": why}   it was not
-//   {"s": sub, "q": seq, "d": data, "r": redelivered}               a delivery (acked at once)
+//   {"s": sub, "q": seq, "d": data, "r": redelivered, "t": ms}      a delivery (acked at once)
 //   {"lost": why}                 the client lost its connection to the STAN cluster
 // Usage: NATS_SERVERS=url,url node ft_load.js <channel> <rate per second>; "stop" on stdin ends it.
 'use strict';
@@ -29,7 +29,7 @@ sc.on('error', (e) => out({ error: String(e) }));
 sc.on('connect', () => {
   const listen = (name, sub) => {
     sub.on('message', (m) => {
-      out({ s: name, q: m.getSequence(), d: m.getData().toString(), r: m.isRedelivered() });
+      out({ s: name, q: m.getSequence(), d: m.getData().toString(), r: m.isRedelivered(), t: Date.now() });
       m.ack();
     });
     sub.on('error', (e) => out({ error: `${name}: ${e}` }));

@@ -34,6 +34,24 @@ def test_an_injected_storm_is_found_with_its_exact_boundaries(spark: SparkSessio
     assert (e["buckets"], e["peak_redeliveries"], e["redeliveries"]) == (6, 50, 300)
     assert e["amplification"] == pytest.approx((60 + 300) / 60)
     assert e["dominant_reason"] == "ack_timeout"
+    assert e["cause"] == "slow consumer"
+
+
+@pytest.mark.parametrize(
+    ("marks", "cause"),
+    [
+        ([record(s(399), "server_start"), record(s(399.5), "ft_takeover", group="main", member="m1-ab")], "takeover"),
+        ([record(s(399), "server_start")], "restart"),
+        ([record(s(300), "server_start")], "slow consumer"),  # a start long before says nothing of it
+    ],
+)
+def test_a_storm_is_put_down_to_the_takeover_or_restart_just_before_it(
+    spark: SparkSession, tmp_path: Path, marks: list[dict[str, Any]], cause: str
+) -> None:
+    events = load(spark, tmp_path, sorted([*storm_log(), *marks], key=lambda r: r["ts"]))
+    settings = Settings()
+    (found,) = rows(analyses.episodes(events, analyses.buckets(events, settings), settings))
+    assert found["cause"] == cause
 
 
 def test_amplification_per_window_and_overall(spark: SparkSession, tmp_path: Path) -> None:

@@ -66,6 +66,7 @@ def member(name: str, nodes: list[NatsNode], root: Path, *, replicas: int = 3, l
     data = root / name
     args = ["--nats_server", urls, "--ft_group", "main", "--ft_replicas", str(replicas), "--ft_lease", lease]
     args += ["--dir", str(data), "--server_name", name, "-m", str(port), "--recovery_hold", "1s"]
+    args += ["--event_log", str(root / f"{name}-events")]
     return Member(name, data, ServerProcess(args, ready=STANDBY_LINE), port)
 
 
@@ -171,10 +172,14 @@ class Report:
     redelivered_acked: int  # deliveries again of messages a subscriber had acknowledged before
 
 
-def check(events: list[dict[str, Any]], messages: list[Message]) -> Report:
+def check(
+    events: list[dict[str, Any]], messages: list[Message], windows: list[tuple[float, float]] | None = None
+) -> Report:
     """What must hold over a whole run: every PubAck'd message stored exactly once, nothing stored
     twice, sequences without gaps or repeats, every subscriber got every message, no client lost its
-    connection."""
+    connection. With `windows` (unix ms, from shortly before each fault to when service was back): a
+    message a subscriber had acknowledged comes to it again only if it acknowledged it inside one
+    (an ack the active that died had not written to the log yet)."""
     acked = {e["a"] for e in events if "a" in e}
     failed = {e["f"] for e in events if "f" in e}
     seqs = [m.seq for m in messages]
@@ -190,13 +195,20 @@ def check(events: list[dict[str, Any]], messages: list[Message]) -> Report:
         assert everything <= got, f"{name} missed {sorted(everything - got)[:10]}"
     queue = {e["d"] for e in events if e.get("s") in ("qa", "qb")}
     assert everything <= queue, f"the queue group missed {sorted(everything - queue)[:10]}"
-    seen: dict[tuple[str, str], int] = collections.Counter()
+    acked_at: dict[tuple[str, str], float] = {}  # (subscriber, data) -> when it was first acked
     again = 0
+    outside: list[dict[str, Any]] = []
     for e in events:
-        if "s" in e:
-            key = (e["s"] if e["s"] in ("dur", "plain") else "queue", e["d"])
-            again += seen[key] > 0
-            seen[key] += 1
+        if "s" not in e:
+            continue
+        key = (e["s"] if e["s"] in ("dur", "plain") else "queue", e["d"])
+        if key in acked_at:
+            again += 1
+            if windows is not None and not any(lo <= acked_at[key] <= hi for lo, hi in windows):
+                outside.append(e)
+        else:
+            acked_at[key] = e["t"]  # the load acks each delivery as it arrives
+    assert outside == [], f"acknowledged messages delivered again outside every fault's window: {outside[:5]}"
     return Report(len(acked), len(failed), len(messages), again)
 
 
