@@ -4,15 +4,17 @@ lost, nothing is stored twice, the clients never reconnect, and a standby serves
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import signal
 import time
 from pathlib import Path
 
+import nats
 import pytest
 
-from bench.peers import nats_cluster
+from bench.peers import NatsNode, nats_cluster
 from streaming.observability.event_schema import problems
 from tests.support.ft import Load, caught_up, check, first_ack_after, group, member, stored, the_active, wait_until
 from tests.support.node import node
@@ -95,23 +97,41 @@ def test_losing_nats_nodes_pauses_writes_and_never_splits_the_brain(tmp_path: Pa
         the_active(members)
         load = Load(nodes, CHANNEL, max_ping_out=30)  # the client waits out the outage (pings 5 s apart)
         load.wait_acked(200)
-        # One node of three: the stream and the lease keep a quorum; writes pause at most, then resume.
-        nodes[0].kill()
+        # The node that leads the group's log, one of three: the stream and the lease keep a quorum
+        # and elect another leader; writes pause at most, then resume.
+        leader = next(n for n in nodes if n.name == stream_leader(nodes))
+        leader.kill()
         load.wait_acked(load.acked() + 200, within=60)
         # Two of three: no quorum, so no PubAck at all until a node returns.
-        nodes[1].kill()
+        second = next(n for n in nodes if n is not leader)
+        second.kill()
         time.sleep(1.0)
         quiet_from = time.time() * 1000
         time.sleep(4.0)
         acked_without_quorum = [e for e in list(load.events) if "a" in e and e["t"] > quiet_from]
         assert acked_without_quorum == []
-        nodes[1].start()
+        second.start()
         load.wait_acked(load.acked() + 200, within=90)
         events = load.stop()
         active = the_active(members, within=30)
         for m in members:
             m.process.stop()
         check(events, stored(active.data, CHANNEL))
+
+
+def stream_leader(nodes: list[NatsNode]) -> str:
+    """The name of the nats-server node that leads the group's log stream."""
+
+    async def ask() -> str:
+        nc = await nats.connect([n.url for n in nodes])
+        try:
+            info = await nc.jetstream().stream_info("FT_test-cluster_main")
+            assert info.cluster is not None and info.cluster.leader
+            return str(info.cluster.leader)
+        finally:
+            await nc.close()
+
+    return asyncio.run(ask())
 
 
 def test_a_group_on_a_single_node_with_one_replica(tmp_path: Path) -> None:
