@@ -252,6 +252,32 @@ def routes_up(nodes: list[NatsNode], timeout: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+def jetstream_ready(nodes: list[NatsNode], timeout: float = 30.0) -> None:
+    """Wait until the cluster's JetStream answers (its meta leader is elected: a few seconds after a
+    cluster starts), so that the first stream a client creates does not time out."""
+    import asyncio
+
+    import nats
+    import nats.errors
+
+    async def ask() -> None:
+        nc = await nats.connect([n.url for n in nodes])
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    await nc.jetstream(timeout=1.0).account_info()
+                    return
+                except (nats.errors.Error, TimeoutError):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the cluster's JetStream did not become ready") from None
+                    await asyncio.sleep(0.1)
+        finally:
+            await nc.close()
+
+    asyncio.run(ask())
+
+
 @contextmanager
 def nats_cluster(
     size: int = 3, *, extra: str = "", jetstream: bool = False, sync_always: bool = False
@@ -282,6 +308,8 @@ def nats_cluster(
             node.start()
         if size > 1:
             routes_up(nodes)
+        if jetstream:
+            jetstream_ready(nodes)
         yield nodes
     finally:
         for node in nodes:
