@@ -19,9 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import re
 import ssl
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -35,6 +37,7 @@ from streaming.ft.status import GroupError
 from streaming.ft.store import NotActiveError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 _WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed Nats-Expected-Last-Sequence
 _KEY = "active"
 
@@ -81,6 +84,7 @@ class GroupLog:
         self._kv: Any = None
         self._reader: Any = None
         self._reader_next = 0
+        self._last_error = ("", 0.0)
 
     # -- the loop in its thread -------------------------------------------------------------------
 
@@ -97,7 +101,11 @@ class GroupLog:
         self._thread = threading.Thread(target=run, name=f"ft-{self.stream}", daemon=True)
         self._thread.start()
         ready.wait()
-        self._call(self._connect, timeout=timeout)
+        try:
+            self._call(self._connect, timeout=timeout)
+        except LogUnavailable as exc:
+            servers = ", ".join(self.connection.servers)
+            raise GroupError(f"cannot reach JetStream through the NATS cluster at {servers}: {exc}") from None
 
     def _call(self, fn: Callable[[], Coroutine[Any, Any, T]], timeout: float) -> T:
         """Run `fn` on the client's loop and wait for it; what went wrong on the way to JetStream (a
@@ -109,7 +117,7 @@ class GroupLog:
         except (nats.errors.Error, TimeoutError, OSError) as exc:
             if isinstance(exc, GroupError | NotActiveError):
                 raise
-            raise LogUnavailable(f"{type(exc).__name__}: {exc}") from None
+            raise LogUnavailable(f"{type(exc).__name__}: {exc or 'no answer in time'}") from None
 
     def close(self) -> None:
         if self._loop is None:
@@ -120,6 +128,19 @@ class GroupLog:
         if self._thread is not None:
             self._thread.join(5)
         self._loop = None
+
+    async def _on_error(self, exc: Exception) -> None:
+        text, now = f"{type(exc).__name__}: {exc}", time.monotonic()
+        if text != self._last_error[0] or now - self._last_error[1] > 10:  # once a spell, not every retry
+            log.warning("ft log %s: %s", self.stream, text)
+            self._last_error = (text, now)
+
+    async def _on_disconnected(self) -> None:
+        log.warning("ft log %s: lost the connection to the NATS cluster: reconnecting", self.stream)
+
+    async def _on_reconnected(self) -> None:
+        url = self._nc.connected_url
+        log.info("ft log %s: reconnected to %s", self.stream, url.netloc if url is not None else "the cluster")
 
     async def _close(self) -> None:
         if self._nc is not None:
@@ -134,6 +155,10 @@ class GroupLog:
             "reconnect_time_wait": 0.1,
             "connect_timeout": 2,
             "allow_reconnect": True,
+            # One line each, not nats-py's tracebacks: a node going away is an event, not a bug here.
+            "error_cb": self._on_error,
+            "disconnected_cb": self._on_disconnected,
+            "reconnected_cb": self._on_reconnected,
         }
         if c.user:
             options.update(user=c.user, password=c.password)

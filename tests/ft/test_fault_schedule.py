@@ -22,7 +22,7 @@ from tests.support.node import node
 pytestmark = [pytest.mark.slow, node]
 SEED = int(os.environ.get("FT_FAULT_SEED", "20261127"))
 FAULTS = ("kill_active", "pause_active", "wipe_standby", "restart_standby", "kill_node")
-STEPS = 6
+STEPS = 8
 BEFORE_MS = 1000  # an ack this soon before a fault may not have reached the log
 
 
