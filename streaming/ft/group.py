@@ -36,13 +36,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from storage import Store, open_store
+from storage import DamagedStoreError, Store, open_store
 from streaming.config import ServerConfig
 from streaming.ft import oplog
 from streaming.ft.jetstream import Connection, GroupLog, Lease, LogUnavailable
 from streaming.ft.lease import LeaseClock, LeaseWatch
 from streaming.ft.position import Position
-from streaming.ft.replay import replay_at
+from streaming.ft.replay import DivergedError, replay_at
 from streaming.ft.status import ACTIVE, STANDBY, FtStatus, GroupError
 from streaming.ft.store import NotActiveError, ReplicatedStore
 from streaming.http_listener import serve_asgi
@@ -130,24 +130,32 @@ class Member:
         config = self.config
         while True:
             store, position = await trio.to_thread.run_sync(self._open_local)
+            diverged: list[BaseException] = []
             try:
-                async with trio.open_nursery() as nursery:
-                    if config.http_port:
-                        nursery.start_soon(self._serve_standby_monitor)
-                    while True:
-                        await self._standby(store, position)
-                        lost = trio.Event()
-                        holding = trio.CancelScope()
-                        nursery.start_soon(self._hold_lease, lost, holding)
-                        if await self._take_over(store, position, lost):
-                            break
-                        holding.cancel()
-                        log.warning("ft group %s: the takeover did not finish: a standby again", config.ft_group)
-                    nursery.cancel_scope.cancel()
+                try:
+                    async with trio.open_nursery() as nursery:
+                        if config.http_port:
+                            nursery.start_soon(self._serve_standby_monitor)
+                        while True:
+                            await self._standby(store, position)
+                            lost = trio.Event()
+                            holding = trio.CancelScope()
+                            nursery.start_soon(self._hold_lease, lost, holding)
+                            if await self._take_over(store, position, lost):
+                                break
+                            holding.cancel()
+                            log.warning("ft group %s: the takeover did not finish: a standby again", config.ft_group)
+                        nursery.cancel_scope.cancel()
+                except* DivergedError as group:
+                    diverged += group.exceptions
             except BaseException:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(store.close)
                 raise
+            if diverged:
+                await trio.to_thread.run_sync(store.close)
+                await trio.to_thread.run_sync(self._move_aside, diverged[0])
+                continue
             await self._active(store, position, after_recovery, on_active)
             after_recovery = None  # process-wide settings: once
             self.status.state = STANDBY
@@ -155,6 +163,32 @@ class Member:
             log.warning("ft group %s: %s stopped serving; it is a standby again", config.ft_group, self.status.member)
 
     def _open_local(self) -> tuple[Store, Position]:
+        """This member's copy, as its data directory holds it; a damaged copy is moved aside (never
+        deleted: it may be wanted for a post-mortem) and the member starts from an empty one, which
+        it fills from the log."""
+        config = self.config
+        try:
+            return self._open_copy()
+        except (DamagedStoreError, GroupError) as exc:
+            if isinstance(exc, GroupError) and not Position.damaged(Path(config.dir)):
+                raise
+            self._move_aside(exc)
+            return self._open_copy()
+
+    def _move_aside(self, why: BaseException) -> None:
+        """Keep a damaged or diverged copy under another name, and say so; the member starts empty."""
+        config = self.config
+        aside = Path(f"{config.dir}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
+        Path(config.dir).rename(aside)
+        log.error(
+            "ft group %s: this member's copy in %s cannot be used (%s): moved to %s; rebuilding it from the log",
+            config.ft_group,
+            config.dir,
+            why,
+            aside,
+        )
+
+    def _open_copy(self) -> tuple[Store, Position]:
         config = self.config
         store = open_store(
             "lmdb",
@@ -164,7 +198,11 @@ class Member:
             sync=False,  # the log is the durable copy; the local one is flushed with its position
             verify=config.verify_on_start,
         )
-        position = Position.load(Path(config.dir))
+        try:
+            position = Position.load(Path(config.dir))
+        except GroupError:
+            store.close()
+            raise
         if not position.log_id and store.channels():
             store.close()
             raise GroupError(

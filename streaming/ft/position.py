@@ -49,6 +49,15 @@ class Position:
         except (ValueError, KeyError, TypeError) as exc:
             raise GroupError(f"{path} is damaged ({exc}): empty the directory to rebuild it from the log") from None
 
+    @staticmethod
+    def damaged(directory: Path) -> bool:
+        """Whether the position file in `directory` is there but unreadable."""
+        try:
+            Position.load(directory)
+        except GroupError:
+            return True
+        return False
+
     def mark_delete(self, seq: int, channel: str) -> None:
         """Before the store deletes `channel` for the record at `seq`."""
         self.deleting = (seq, channel)

@@ -209,5 +209,7 @@ class ReplicatedStore(Store):
         self.position.save(applied)
 
     def close(self) -> None:
-        self.sync()
-        self.inner.close()
+        try:
+            self.sync()
+        finally:
+            self.inner.close()  # whatever the flush did: the environment must never stay open twice

@@ -92,6 +92,29 @@ def test_a_wiped_standby_rebuilds_a_byte_identical_copy_from_the_log(tmp_path: P
         assert stored(standby.data, CHANNEL) == messages
 
 
+def test_a_member_whose_copy_is_damaged_keeps_it_aside_and_rebuilds_from_the_log(tmp_path: Path) -> None:
+    with nats_cluster(3, jetstream=True) as nodes, group(nodes, tmp_path) as members:
+        active = the_active(members)
+        standby = next(m for m in members if m is not active)
+        load = Load(nodes, CHANNEL)
+        load.wait_acked(200)
+        caught_up(standby, active)
+        standby.process.stop()
+        data = standby.data / "state" / "data.mdb"
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])  # damage that the open finds
+        standby.start()
+        assert any("cannot be used" in line and "rebuilding it from the log" in line for line in standby.process.log)
+        assert [p.name.startswith(f"{standby.name}.damaged-") for p in tmp_path.iterdir()].count(True) == 1
+        load.wait_acked(load.acked() + 100)
+        events = load.stop()
+        caught_up(standby, active)
+        standby.process.stop()
+        active.process.stop()
+        messages = stored(active.data, CHANNEL)
+        check(events, messages)
+        assert stored(standby.data, CHANNEL) == messages
+
+
 def test_losing_nats_nodes_pauses_writes_and_never_splits_the_brain(tmp_path: Path) -> None:
     with nats_cluster(3, jetstream=True) as nodes, group(nodes, tmp_path) as members:
         the_active(members)
