@@ -9,12 +9,14 @@
   came first, it reads on and tries again.
 - **Active**: the server runs as a single server would, on a `ReplicatedStore` (every change goes to
   the log before the local store, and a publish is acknowledged only after the log holds it), while
-  the lease is renewed every quarter of `ft_lease`. When it cannot renew for `ft_lease`, when another
-  member holds the lease, or when the log refuses a record, it stops serving at once, and starts over
-  as a standby.
+  the lease is renewed every quarter of `ft_lease`. When another member holds the lease, or the log
+  refuses a record (fenced) or takes none for four leases, it stops serving at once and starts over
+  as a standby. A renewal that fails because JetStream is electing a leader is not a reason: nobody
+  else can take the lease meanwhile, and the log's fencing keeps it safe either way.
 
 A member that restarts, or whose data directory was wiped, is a standby that replays from where its
-store is (from the log's start when empty).
+store is (from the log's start when empty); one whose copy is damaged or diverged keeps it aside
+and does the same.
 """
 
 from __future__ import annotations
@@ -23,30 +25,23 @@ import hashlib
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import trio
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from storage import DamagedStoreError, Store, open_store
 from streaming.config import ServerConfig
 from streaming.ft import oplog
 from streaming.ft.jetstream import Connection, GroupLog, Lease, LogUnavailable
 from streaming.ft.lease import LeaseClock, LeaseWatch
+from streaming.ft.monitor import standby_app
 from streaming.ft.position import Position
 from streaming.ft.replay import DivergedError, replay_at
 from streaming.ft.status import ACTIVE, STANDBY, FtStatus, GroupError
 from streaming.ft.store import NotActiveError, ReplicatedStore
 from streaming.http_listener import serve_asgi
-from streaming.observability.metrics import ft_metrics
 from streaming.running import Running
 from streaming.security.tls import client_context
 from streaming.server import serve
@@ -109,6 +104,8 @@ def connection(config: ServerConfig) -> Connection:
 
 
 class Member:
+    """This server as a member of its group: its status, its lease, its life (`run`)."""
+
     def __init__(self, config: ServerConfig, group_log: GroupLog) -> None:
         self.config = config
         self.log = group_log
@@ -397,34 +394,10 @@ class Member:
     # -- a standby's monitoring page ----------------------------------------------------------------
 
     async def _serve_standby_monitor(self) -> None:
-        async def serverz(request: Request) -> Response:
-            return JSONResponse(
-                {
-                    "cluster_id": self.config.cluster_id,
-                    "server_id": self.status.member,
-                    "server_name": self.config.server_name,
-                    "state": self.status.state,
-                    **self.status.as_json(),
-                }
-            )
-
-        registry = CollectorRegistry()
-        registry.register(_FtCollector(self.status))
-
-        async def metrics(request: Request) -> Response:
-            return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-        app = Starlette(routes=[Route("/streaming/serverz", serverz), Route("/metrics", metrics)])
-        host = self.config.http_host or self.config.host
-        await serve_asgi(app, host, max(self.config.http_port, 0), log_name="streaming.ft.monitor.http")
-
-
-class _FtCollector(Collector):
-    def __init__(self, status: FtStatus) -> None:
-        self.status = status
-
-    def collect(self) -> Iterator[Metric]:
-        return ft_metrics(self.status)
+        config = self.config
+        app = standby_app(config.cluster_id, config.server_name, self.status)
+        host = config.http_host or config.host
+        await serve_asgi(app, host, max(config.http_port, 0), log_name="streaming.ft.monitor.http")
 
 
 async def serve_member(

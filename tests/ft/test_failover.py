@@ -11,6 +11,7 @@ import signal
 import time
 from pathlib import Path
 
+import httpx
 import nats
 import pytest
 
@@ -79,6 +80,12 @@ def test_a_wiped_standby_rebuilds_a_byte_identical_copy_from_the_log(tmp_path: P
         standby = next(m for m in members if m is not active)
         load = Load(nodes, CHANNEL)
         load.wait_acked(300)
+        # A standby's monitoring port: where it stands, for Prometheus too.
+        scrape = httpx.get(f"http://127.0.0.1:{standby.http_port}/metrics").text
+        assert 'streaming_ft_active{ft_group="main"} 0.0' in scrape
+        assert (
+            'streaming_ft_active{ft_group="main"} 1.0' in httpx.get(f"http://127.0.0.1:{active.http_port}/metrics").text
+        )
         standby.process.stop()
         shutil.rmtree(standby.data)
         standby.start()
