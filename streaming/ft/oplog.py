@@ -15,7 +15,8 @@ One record is one store call:
   before nor at them has diverged, and says so.
 
 Layout: a kind byte, then the kind's fields. Appends are binary (payloads are arbitrary bytes); the
-rest are JSON made by cattrs from the store's own records. `decode` raises `LogRecordError` for
+rest are JSON: the store's own records as cattrs makes them, but for the updates that deliveries and acks
+write by the thousand, which are flat lists of their numbers. `decode` raises `LogRecordError` for
 anything that is not a record this version wrote, whatever the bytes.
 """
 
@@ -28,6 +29,7 @@ from typing import Any
 
 import attrs
 import cattrs.preconf.json
+import orjson
 
 from storage.records import (
     ClearPending,
@@ -123,8 +125,7 @@ def encode(record: Record) -> bytes:
     if isinstance(record, Append):
         return _encode_append(record)
     if isinstance(record, Apply):
-        body = [[type(u).__name__, _converter.unstructure(u)] for u in record.updates]
-        return b"U" + json.dumps(body, separators=(",", ":")).encode()
+        return b"U" + orjson.dumps([_plain(u) for u in record.updates])
     return _KIND_OF[type(record)] + json.dumps(_converter.unstructure(record)).encode()
 
 
@@ -157,7 +158,7 @@ def decode(raw: bytes) -> Record:
         if kind == _APPEND:
             return _decode_append(body)
         if kind == b"U":
-            items = json.loads(body)
+            items = orjson.loads(body)
             if not isinstance(items, list):
                 raise LogRecordError("updates are not a list")
             return Apply(tuple(_update(item) for item in items))
@@ -172,11 +173,42 @@ def decode(raw: bytes) -> Record:
         raise LogRecordError(f"damaged log record: {exc}") from None
 
 
+def _plain(u: SubUpdate) -> list[Any]:
+    """An update as JSON: the kinds a stream of deliveries and acks writes by the thousand as a flat
+    list of their numbers (what the active and every standby encode and decode per record), the rest
+    as cattrs makes them."""
+    if isinstance(u, SetPendingRun | ClearPendingRun):
+        return [type(u).__name__, u.sub_id, u.seqs]
+    if isinstance(u, SetLastSent):
+        return ["SetLastSent", u.sub_id, u.last_sent]
+    if isinstance(u, ClearPending):
+        return ["ClearPending", u.sub_id, u.seq]
+    if isinstance(u, SetPending):
+        return ["SetPending", u.sub_id, u.seq, u.attempt, u.fresh]
+    return [type(u).__name__, _converter.unstructure(u)]
+
+
+def _ints(values: Any, count: int) -> bool:
+    return len(values) == count and all(type(v) is int for v in values)
+
+
 def _update(item: Any) -> SubUpdate:
-    if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and item[0] in _UPDATES):
+    if not (isinstance(item, list) and item and isinstance(item[0], str) and item[0] in _UPDATES):
         raise LogRecordError(f"not a subscription update: {str(item)[:80]}")
-    update: SubUpdate = _converter.structure(item[1], _UPDATES[item[0]])
-    return update
+    kind, rest = item[0], item[1:]
+    if kind in ("SetPendingRun", "ClearPendingRun"):
+        if len(rest) == 2 and type(rest[0]) is int and isinstance(rest[1], list) and _ints(rest[1], len(rest[1])):
+            return SetPendingRun(rest[0], rest[1]) if kind == "SetPendingRun" else ClearPendingRun(rest[0], rest[1])
+    elif kind in ("SetLastSent", "ClearPending"):
+        if _ints(rest, 2):
+            return SetLastSent(*rest) if kind == "SetLastSent" else ClearPending(*rest)
+    elif kind == "SetPending":
+        if _ints(rest[:3], 3) and len(rest) == 4 and type(rest[3]) is bool:
+            return SetPending(*rest)
+    elif len(rest) == 1:
+        update: SubUpdate = _converter.structure(rest[0], _UPDATES[kind])
+        return update
+    raise LogRecordError(f"damaged {kind} update: {str(rest)[:80]}")
 
 
 def _decode_append(body: bytes) -> Append:

@@ -11,13 +11,17 @@ from hypothesis import given
 
 from storage import ClientRecord, SaveSubscription, SetPending
 from storage.records import (
+    ClearPending,
     ClearPendingRun,
     DeleteClient,
+    DeleteSubscription,
     NewMessage,
     SaveClient,
+    SetLastSent,
     SetPendingRun,
     SubOptions,
     SubscriptionRecord,
+    SubUpdate,
 )
 from streaming.ft import oplog
 from streaming.wire.positions import StartPosition
@@ -92,3 +96,21 @@ def test_a_damaged_append_is_refused_or_read_as_some_record(batch: list[NewMessa
     raw[data.draw(st.integers(0, len(raw) - 1))] ^= 0xFF
     with contextlib.suppress(oplog.LogRecordError):
         oplog.decode(bytes(raw))
+
+
+ids = st.integers(1, 2**63 - 1)
+updates = st.one_of(
+    st.builds(SetPendingRun, ids, st.lists(ids, max_size=50)),
+    st.builds(ClearPendingRun, ids, st.lists(ids, max_size=50)),
+    st.builds(SetPending, ids, ids, st.integers(1, 1000), st.booleans()),
+    st.builds(ClearPending, ids, ids),
+    st.builds(SetLastSent, ids, st.integers(0, 2**63 - 1)),
+    st.builds(DeleteSubscription, ids),
+    st.builds(DeleteClient, names),
+)
+
+
+@given(st.lists(updates, min_size=1, max_size=40))
+def test_any_run_of_updates_comes_back_as_it_went_in(batch: list[SubUpdate]) -> None:
+    record = oplog.Apply(tuple(batch))
+    assert oplog.decode(oplog.encode(record)) == record
