@@ -32,6 +32,7 @@ starts with an empty data directory; `rebuild_*` is how soon its store holds the
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import statistics
 import sys
@@ -92,27 +93,10 @@ def _run(name: str, workload: str, messages: int, root: Path, sync_always: bool)
         cpu = ServerCpu(*pids)
         client = "jetstream" if name == "jetstream_r3" else "ours"
         argv = ["node", str(NODE_DIR / "clients.js"), client, workload, str(node.port), str(messages), "1", ""]
-        with _env(JS_REPLICAS="3"):
-            result = drive(argv, cpu, "start")
+        result = drive(argv, cpu, "start")
     if not result.get("ok"):
         raise RuntimeError(f"{name} {workload}: {result.get('error')}")
     return float(result["msgs_per_s"]), cpu.seconds / messages * 1e6
-
-
-@contextlib.contextmanager
-def _env(**values: str) -> Iterator[None]:
-    import os
-
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def throughput(messages: int, rounds: int, root: Path, console: Console, sync_always: bool) -> dict[str, float]:
@@ -224,6 +208,7 @@ def main() -> None:
     kills = args.kills if args.kills is not None else kills
     if not (NODE_DIR / "node_modules").exists():
         raise SystemExit("the Node clients are not installed: npm ci --prefix bench/node")
+    os.environ["JS_REPLICAS"] = "3"  # clients.js makes its JetStream stream with three replicas
     with tempfile.TemporaryDirectory(prefix="bench-ha-") as tmp:
         root = Path(tmp)
         result: dict[str, Any] = {

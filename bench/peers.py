@@ -7,6 +7,7 @@ benchmark to different CPUs for the timing figures; and reading the event log ou
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import nats
+import nats.errors
 
 from streaming.observability.event_schema import each_event
 
@@ -254,14 +257,14 @@ def routes_up(nodes: list[NatsNode], timeout: float = 10.0) -> None:
 
 def jetstream_ready(nodes: list[NatsNode], timeout: float = 30.0) -> None:
     """Wait until the cluster's JetStream answers (its meta leader is elected: a few seconds after a
-    cluster starts), so that the first stream a client creates does not time out."""
-    import asyncio
-
-    import nats
-    import nats.errors
+    cluster starts), so that the first stream a client creates does not time out. A cluster that asks
+    for credentials is not asked: its clients must wait for it themselves."""
 
     async def ask() -> None:
-        nc = await nats.connect([n.url for n in nodes])
+        try:
+            nc = await nats.connect([n.url for n in nodes], allow_reconnect=False)
+        except nats.errors.Error:
+            return
         try:
             deadline = time.monotonic() + timeout
             while True:

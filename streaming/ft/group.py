@@ -43,8 +43,7 @@ from streaming.ft.status import ACTIVE, STANDBY, FtStatus, GroupError
 from streaming.ft.store import NotActiveError, ReplicatedStore
 from streaming.http_listener import serve_asgi
 from streaming.running import Running
-from streaming.security.tls import client_context
-from streaming.server import serve
+from streaming.server import link_options, serve
 
 log = logging.getLogger(__name__)
 _READ_BATCH = 512
@@ -88,16 +87,15 @@ def limits_digest(config: ServerConfig) -> str:
 
 
 def connection(config: ServerConfig) -> Connection:
-    tls = None
-    if config.tls_client_cert or config.tls_client_cacert:
-        tls = client_context(config.tls_client_cert, config.tls_client_key, config.tls_client_cacert)
+    """How the group's log logs in to the cluster: as the server's link does (nats-py reads the nkey
+    and credentials files itself)."""
     return Connection(
         [url.strip() for url in config.nats_server.split(",") if url.strip()],
         name=f"{config.server_name} ft {config.ft_group}",
         user=config.nats_user,
         password=config.nats_password,
         token=config.nats_token,
-        tls=tls,
+        tls=link_options(config).tls,
         creds=config.nats_creds,
         nkey_seed=config.nats_nkey_seed,
     )
@@ -255,17 +253,14 @@ class Member:
         log.warning("ft group %s: %s takes over from %s as epoch %d", status.group, status.member, held_by, epoch)
         return True
 
-    async def _follow(self, store: Store, position: Position, *, wait: float) -> int:
+    async def _follow(self, store: Store, position: Position, *, wait: float) -> None:
         """Replay what the log has past this member's position (waiting up to `wait` for some)."""
-        records = await trio.to_thread.run_sync(self.log.read, position.applied + 1, _READ_BATCH, wait)
+        records, last = await trio.to_thread.run_sync(self.log.read, position.applied + 1, _READ_BATCH, wait)
         if records:
             await trio.to_thread.run_sync(self._replay, store, position, records)
-        try:
-            self.status.log_last = max(await trio.to_thread.run_sync(self.log.last_seq), position.applied)
-        except LogUnavailable as exc:
-            log.debug("ft group %s: stream info: %s", self.status.group, exc)
+        if last is not None:
+            self.status.log_last = max(last, position.applied)
         self.status.applied = position.applied
-        return len(records)
 
     def _replay(self, store: Store, position: Position, records: list[tuple[int, bytes]]) -> None:
         for seq, raw in records:
@@ -356,6 +351,7 @@ class Member:
             running = await nursery.start(partial(serve, self.config, store=replicated, after_recovery=after_recovery))
             running.ft = status
             status.state = ACTIVE
+            status.applied = status.log_last = position.applied
             self.running = running
             if running.event_log is not None:
                 running.event_log.on_takeover(status.group, status.member)

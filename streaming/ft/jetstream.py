@@ -232,22 +232,11 @@ class GroupLog:
 
         return self._call(last, timeout)
 
-    def first_record(self, timeout: float = 5.0) -> bytes | None:
-        """The log's first record (its Genesis), or None while it is empty."""
+    def read(self, from_seq: int, max_count: int, wait: float) -> tuple[list[tuple[int, bytes]], int | None]:
+        """Up to `max_count` records from `from_seq` on, in order ([] when none came within `wait`), and
+        the log's last sequence as the answer showed it (None: unknown)."""
 
-        async def first() -> bytes | None:
-            try:
-                msg = await self._js.get_msg(self.stream, seq=1)
-            except nats.js.errors.NotFoundError:
-                return None
-            return bytes(msg.data or b"")
-
-        return self._call(first, timeout)
-
-    def read(self, from_seq: int, max_count: int, wait: float) -> list[tuple[int, bytes]]:
-        """Up to `max_count` records from `from_seq` on, in order; [] when none came within `wait`."""
-
-        async def fetch() -> list[tuple[int, bytes]]:
+        async def fetch() -> tuple[list[tuple[int, bytes]], int | None]:
             if self._reader is None or self._reader_next != from_seq:
                 await self._drop_reader()
                 config = api.ConsumerConfig(
@@ -264,11 +253,12 @@ class GroupLog:
                 msgs = await self._reader.fetch(batch=max_count, timeout=wait)
             except nats.errors.TimeoutError:
                 # Nothing new, or a consumer that is gone with the node it was on: the stream says which.
-                info = await self._js.stream_info(self.stream)
-                if int(info.state.last_seq) >= from_seq:
+                end = int((await self._js.stream_info(self.stream)).state.last_seq)
+                if end >= from_seq:
                     await self._drop_reader()
-                return []
+                return [], end
             out: list[tuple[int, bytes]] = []
+            last: int | None = None
             for msg in msgs:
                 seq = int(msg.metadata.sequence.stream)
                 if seq != self._reader_next:  # a consumer lost and remade by the server: start again
@@ -276,14 +266,15 @@ class GroupLog:
                     break
                 out.append((seq, bytes(msg.data)))
                 self._reader_next = seq + 1
-            return out
+                last = seq + int(msg.metadata.num_pending)  # what the stream holds past this one
+            return out, last
 
         try:
             return self._call(fetch, wait + 5.0)
         except LogUnavailable:
             with contextlib.suppress(LogUnavailable):
                 self._call(self._drop_reader, 5.0)
-            return []
+            return [], None
 
     async def _drop_reader(self) -> None:
         reader, self._reader = self._reader, None

@@ -17,8 +17,19 @@ import pytest
 
 from bench.peers import NatsNode, nats_cluster
 from streaming.observability.event_schema import problems
-from tests.support.ft import Load, caught_up, check, first_ack_after, group, member, stored, the_active, wait_until
+from tests.support.ft import (
+    Load,
+    caught_up,
+    check,
+    first_ack_after,
+    group,
+    member,
+    stop_and_compare,
+    stored,
+    the_active,
+)
 from tests.support.node import node
+from tests.support.servers import wait_for
 
 pytestmark = [pytest.mark.slow, node]
 CHANNEL = "orders"
@@ -62,16 +73,10 @@ def test_a_paused_active_steps_down_and_acknowledges_nothing_the_new_one_lacks(t
         new = the_active([m for m in members if m is not old])
         load.wait_acked(load.acked() + 200)
         old.signal(signal.SIGCONT)
-        wait_until(lambda: old.state == "FT_STANDBY", 20)
+        wait_for(lambda: old.state == "FT_STANDBY", 20)
         assert any("stopped serving; it is a standby again" in line for line in old.process.log)
         load.wait_acked(load.acked() + 100)
-        events = load.stop()
-        caught_up(old, new)
-        old.process.stop()
-        new.process.stop()
-        messages = stored(new.data, CHANNEL)
-        check(events, messages)  # every PubAck'd message is in the new active's channel, once
-        assert stored(old.data, CHANNEL) == messages
+        stop_and_compare(load, old, new, CHANNEL)  # every PubAck'd message is in the new active's channel, once
 
 
 def test_a_wiped_standby_rebuilds_a_byte_identical_copy_from_the_log(tmp_path: Path) -> None:
@@ -90,13 +95,7 @@ def test_a_wiped_standby_rebuilds_a_byte_identical_copy_from_the_log(tmp_path: P
         shutil.rmtree(standby.data)
         standby.start()
         load.wait_acked(load.acked() + 200)
-        events = load.stop()
-        caught_up(standby, active)
-        standby.process.stop()
-        active.process.stop()
-        messages = stored(active.data, CHANNEL)
-        check(events, messages)
-        assert stored(standby.data, CHANNEL) == messages
+        stop_and_compare(load, standby, active, CHANNEL)
 
 
 def test_a_member_whose_copy_is_damaged_keeps_it_aside_and_rebuilds_from_the_log(tmp_path: Path) -> None:
@@ -113,13 +112,7 @@ def test_a_member_whose_copy_is_damaged_keeps_it_aside_and_rebuilds_from_the_log
         assert any("cannot be used" in line and "rebuilding it from the log" in line for line in standby.process.log)
         assert [p.name.startswith(f"{standby.name}.damaged-") for p in tmp_path.iterdir()].count(True) == 1
         load.wait_acked(load.acked() + 100)
-        events = load.stop()
-        caught_up(standby, active)
-        standby.process.stop()
-        active.process.stop()
-        messages = stored(active.data, CHANNEL)
-        check(events, messages)
-        assert stored(standby.data, CHANNEL) == messages
+        stop_and_compare(load, standby, active, CHANNEL)
 
 
 def test_losing_nats_nodes_pauses_writes_and_never_splits_the_brain(tmp_path: Path) -> None:

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from bench.peers import NatsNode, nats_cluster
-from tests.support.ft import Load, Member, caught_up, check, group, stored, the_active, wait_until
+from tests.support.ft import Load, Member, caught_up, check, group, stored, the_active
 from tests.support.node import node
+from tests.support.servers import wait_for
 
 pytestmark = [pytest.mark.slow, node]
 SEED = int(os.environ.get("FT_FAULT_SEED", "20261127"))
@@ -70,7 +71,7 @@ def do(fault: str, members: list[Member], active: Member, nodes: list[NatsNode],
         active.signal(signal.SIGSTOP)
         new = the_active([standby], within=30)
         active.signal(signal.SIGCONT)
-        wait_until(lambda: active.state == "FT_STANDBY", 30)
+        wait_for(lambda: active.state == "FT_STANDBY", 30)
         return new
     if fault in ("wipe_standby", "restart_standby"):
         standby.process.stop()

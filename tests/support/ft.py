@@ -9,8 +9,7 @@ import os
 import signal
 import subprocess
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -60,13 +59,16 @@ class Member:
         self.process.proc.send_signal(signum)
 
 
-def member(name: str, nodes: list[NatsNode], root: Path, *, replicas: int = 3, lease: str = "2s") -> Member:
+def member(
+    name: str, nodes: list[NatsNode], root: Path, *, replicas: int = 3, lease: str = "2s", login: Sequence[str] = ()
+) -> Member:
+    """A member of group `main` on `nodes`; `login`: the flags it logs in to the cluster with."""
     port = free_port()
     urls = ",".join(n.url for n in nodes)
     data = root / name
     args = ["--nats_server", urls, "--ft_group", "main", "--ft_replicas", str(replicas), "--ft_lease", lease]
     args += ["--dir", str(data), "--server_name", name, "-m", str(port), "--recovery_hold", "1s"]
-    args += ["--event_log", str(root / f"{name}-events")]
+    args += ["--event_log", str(root / f"{name}-events"), *login]
     return Member(name, data, ServerProcess(args, ready=STANDBY_LINE), port)
 
 
@@ -172,6 +174,19 @@ class Report:
     redelivered_acked: int  # deliveries again of messages a subscriber had acknowledged before
 
 
+def stop_and_compare(load: Load, standby: Member, active: Member, channel: str) -> Report:
+    """End a run: stop the load, let `standby` catch up with `active`, stop both; the checker over the
+    whole run, and the standby's copy of `channel` must be the active's, byte for byte."""
+    events = load.stop()
+    caught_up(standby, active)
+    standby.process.stop()
+    active.process.stop()
+    messages = stored(active.data, channel)
+    report = check(events, messages)
+    assert stored(standby.data, channel) == messages
+    return report
+
+
 def check(
     events: list[dict[str, Any]], messages: list[Message], windows: list[tuple[float, float]] | None = None
 ) -> Report:
@@ -210,10 +225,3 @@ def check(
             acked_at[key] = e["t"]  # the load acks each delivery as it arrives
     assert outside == [], f"acknowledged messages delivered again outside every fault's window: {outside[:5]}"
     return Report(len(acked), len(failed), len(messages), again)
-
-
-def wait_until(predicate: Any, within: float) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
