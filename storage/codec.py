@@ -103,6 +103,14 @@ def encode_run(
     return out
 
 
+def encode_message(channel_id: int, seq: int, timestamp_unix_ns: int, head: bytes, data: bytes) -> tuple[bytes, bytes]:
+    """(key, value) of one message with a timestamp of its own (a bulk load keeps each message's)."""
+    key = MSG_KEY.pack(channel_id, seq)
+    ts = _TS.pack(timestamp_unix_ns)
+    crc = zlib.crc32(data, zlib.crc32(head, zlib.crc32(key + ts)))
+    return key, b"".join((ts, _CRC.pack(crc), head, data))
+
+
 def message_timestamp(value: Raw) -> int:
     """The timestamp of an encoded message, without verifying it (used by eviction only)."""
     return int(_TS.unpack_from(value)[0])

@@ -72,6 +72,7 @@ from storage.codec import (
     decode_record,
     encode_channel,
     encode_head,
+    encode_message,
     encode_run,
     key_seq,
     message_timestamp,
@@ -629,6 +630,63 @@ class LmdbStore(Store):
         with self._mem_lock:
             bounds = [(info, self._in_lmdb.get(info.channel_id, 0)) for info in self._channels.values()]
         return scan_messages(self._msgs, bounds)
+
+    # -- bulk load -------------------------------------------------------------------------------
+
+    def load_channel(
+        self, name: str, messages: Iterable[Message], *, last_seq: int, batch_bytes: int = 16 * MiB
+    ) -> ChannelInfo:
+        """Make a new channel holding `messages` at their own sequences and timestamps (increasing
+        sequences, gaps allowed) and ending at `last_seq` even where no message is left: what an
+        importer does, on a store no server has open. The messages go straight into LMDB in synced
+        commits of about `batch_bytes`, not through the journal; no limits are applied. The channel's
+        record is written last: until then it is empty, and an interrupted load leaves rows past its
+        end, which opening the store reports as damage (an importer builds in a new directory)."""
+        if self.channel_info(name) is not None:
+            raise ValueError(f"channel {name!r} exists already: a bulk load makes new channels only")
+        info = self.ensure_channel(name)
+        cid, db = info.channel_id, self._msgs.dbs["messages"]
+        first, prev, count, size, last_ts = 0, 0, 0, 0, 0
+        batch: list[tuple[bytes, bytes]] = []
+        batched = 0
+
+        def put(txn: lmdb.Transaction) -> None:
+            _, added = txn.cursor(db=db).putmulti(batch, overwrite=False)
+            if added != len(batch):
+                raise IntegrityError(f"{self.path}: channel {name!r} holds rows already")
+
+        for m in messages:
+            if m.seq <= prev or m.seq > last_seq:
+                raise ValueError(f"channel {name!r}: message {m.seq} after {prev} (the channel ends at {last_seq})")
+            head = encode_head(m.reply, m.content_type) if m.reply or m.content_type else EMPTY_HEAD
+            key, value = encode_message(cid, m.seq, m.timestamp_unix_ns, head, m.data)
+            batch.append((key, value))
+            batched += len(value)
+            first, prev, count, size, last_ts = first or m.seq, m.seq, count + 1, size + len(value), m.timestamp_unix_ns
+            if batched >= batch_bytes:
+                with self._msgs.write_lock:
+                    self._msgs.write(put)
+                batch, batched = [], 0
+        with self._append_lock, self._msgs.write_lock:
+            info = attrs.evolve(
+                info,
+                first_seq=first or last_seq + 1,
+                last_seq=last_seq,
+                msgs=count,
+                bytes=size,
+                last_timestamp_unix_ns=last_ts,
+            )
+
+            def finish(txn: lmdb.Transaction) -> None:
+                if batch:
+                    put(txn)
+                txn.put(name.lower().encode(), encode_channel(info), db=self._msgs.dbs["channels"])
+
+            self._msgs.write(finish)
+            self._channels[name.lower()] = info
+            with self._mem_lock:
+                self._in_lmdb[cid] = last_seq
+        return info
 
     # -- checkpoints -----------------------------------------------------------------------------
 

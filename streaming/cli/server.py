@@ -2,7 +2,8 @@
 
 Flags follow nats-streaming-server where users look for them (`-p`, `--cluster_id`, `--store`,
 `--dir`, `--max_msgs`, `-m/--http_port`, `-c/--config`, `-D/-V`); flags override the TOML file.
-`streaming-server check` and `streaming-server repair` are streaming.cli.maintenance's.
+`streaming-server check` and `streaming-server repair` are streaming.cli.maintenance's, and
+`streaming-server import-stan` streaming.cli.import_stan's.
 """
 
 from __future__ import annotations
@@ -198,6 +199,10 @@ def server_main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] in (["check"], ["repair"]):
         return maintenance_main(argv[0], argv[1:])
+    if argv[:1] == ["import-stan"]:
+        from streaming.cli.import_stan import import_stan_main
+
+        return import_stan_main(argv[1:])
     args = _server_parser().parse_args(argv)
     overrides = _overrides(args)
     workers = overrides.pop("workers", 0)

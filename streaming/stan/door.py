@@ -124,8 +124,8 @@ class StanDoor:
             if partition is not None:
                 b.subscribe(self.peers_subject, self._on_client_lookup)
                 b.subscribe(f"{self._found_prefix}.*", self._on_client_found)
-            for prefix in self._ack_prefixes(r.ack_inbox for r in recovered):
-                b.subscribe(f"{prefix}.*", self._on_ack, runs=self._on_acks)
+            for subject in self._ack_subjects(r.ack_inbox for r in recovered):
+                b.subscribe(subject, self._on_ack, runs=self._on_acks)
             b.add_span_listener(self.core)
             log.info(
                 "STAN cluster %r ready: %d channels, %d clients, %d subscriptions recovered",
@@ -136,11 +136,16 @@ class StanDoor:
             )
             task_status.started()
 
-    def _ack_prefixes(self, recovered: Iterable[str]) -> list[str]:
-        """This process's ack-inbox prefix, and those of recovered subscriptions made before it."""
-        prefixes = {self.ack_prefix}
-        prefixes.update(inbox.rsplit(".", 1)[0] for inbox in recovered)
-        return sorted(prefixes)
+    def _ack_subjects(self, recovered: Iterable[str]) -> list[str]:
+        """What to listen on for acks: this process's ack-inbox prefix, those of recovered subscriptions
+        made by an earlier one (`_STAN.ack.<cluster>[.<partition id>].<id>`), and each recovered ack inbox
+        of another scheme as it is (nats-streaming-server's are `_INBOX.<id>`, and a wildcard there would
+        catch every client's inboxes)."""
+        subjects = {f"{self.ack_prefix}.*"}
+        ours = f"_STAN.ack.{self.config.cluster_id}."
+        for inbox in recovered:
+            subjects.add(f"{inbox.rsplit('.', 1)[0]}.*" if inbox.startswith(ours) else inbox)
+        return sorted(subjects)
 
     def _respond(self, reply: str, message: object, to: Origin) -> None:
         """Answer a request, to the connection that sent it only."""

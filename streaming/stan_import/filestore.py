@@ -1,0 +1,424 @@
+"""Reading a nats-streaming-server FileStore directory, offline and without writing to it.
+
+    server.dat            the server record (cluster ID, subjects, a clustered node's ID)
+    clients.dat           registered clients: typed records, add (1) and delete (2)
+    <channel>/msgs.N.dat  messages, slice N (any N; gaps allowed), and msgs.N.idx, its index
+    <channel>/subs.dat    subscriptions: new (1), update (2), delete (3), ack (4), sent (5)
+
+Each slice is read the way the server recovers it: through its index when the index's last entry
+points at a whole record holding that sequence, else by scanning the data file (the index is
+rebuilt then, so the data file wins). Every record's checksum is checked, and every message read
+through the index must carry the index's sequence. A record cut short at the end of a file is
+refused (`TornRecordError`) unless `drop_partial_tail`, which leaves it out and says what it was.
+Subscriptions are replayed as the server does: last-sent follows the sent records even once those
+messages are acknowledged, an update replaces the state but keeps the pending set.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import attrs
+from google.protobuf.message import DecodeError
+
+from storage import Message
+from streaming.stan_import.crypto import ChannelDecryptor, DecryptionError
+from streaming.stan_import.framing import (
+    VERSION,
+    Crc32,
+    DamagedRecordError,
+    IndexEntry,
+    Record,
+    StanFormatError,
+    TornRecordError,
+    check_version,
+    index_entries,
+    read_record,
+)
+from streaming.stan_import.model import StanChannel, StanStore, StanSubscription
+from streaming.stan_import.spb.store_pb2 import (
+    ClientDelete,
+    ClientInfo,
+    ServerInfo,
+    SubState,
+    SubStateDelete,
+    SubStateUpdate,
+)
+from streaming.wire.stan_pb.protocol_pb2 import MsgProto
+
+SLICE = re.compile(r"msgs\.(\d+)\.dat")
+ADD_CLIENT, DEL_CLIENT = 1, 2
+SUB_NEW, SUB_UPDATE, SUB_DEL, SUB_ACK, SUB_MSG = 1, 2, 3, 4, 5
+RECORD_OVERHEAD = 40  # what the server counts per message beyond its payload, against MaxBytes
+
+
+@attrs.frozen
+class ReadOptions:
+    crc_poly: int | None = None  # None: IEEE
+    verify_crc: bool = True
+    drop_partial_tail: bool = False
+    encryption_key: bytes | None = None
+
+    def crc(self) -> Crc32 | None:
+        if not self.verify_crc:
+            return None
+        return Crc32() if self.crc_poly is None else Crc32(self.crc_poly)
+
+
+class RefusedError(Exception):
+    """The store cannot be imported as asked (the message says why and what to do)."""
+
+
+@contextmanager
+def _mapped(path: Path) -> Iterator[memoryview]:
+    """A whole file, read-only, memory-mapped (pages are read as needed and let go at the end)."""
+    with path.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            yield memoryview(b"")
+            return
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            view = memoryview(mapped)
+            try:
+                yield view
+            finally:
+                view.release()
+
+
+def _decode(cls: Callable[[], object], record: Record, path: str) -> object:
+    parsed = cls()
+    try:
+        parsed.ParseFromString(record.payload)  # type: ignore[attr-defined]
+    except DecodeError as exc:
+        raise DamagedRecordError(path, record.offset, f"record is not a valid {cls.__name__}: {exc}") from None  # type: ignore[attr-defined]
+    return parsed
+
+
+class FileStoreReader:
+    """One FileStore directory. `read()` checks its server record, lock, clients and every channel's
+    bounds and subscriptions, and returns a StanStore whose channels stream their messages."""
+
+    def __init__(self, root: str | os.PathLike[str], options: ReadOptions) -> None:
+        self.root = Path(root)
+        self.options = options
+        self._crc = options.crc()
+        self._notes: list[str] = []  # in order, each once (a slice that is scanned is read twice)
+        self._torn: dict[str, int] = {}  # file -> offset of the torn record left out
+
+    def _note(self, line: str) -> None:
+        if line not in self._notes:  # a few lines at most
+            self._notes.append(line)
+
+    def read(self) -> StanStore:
+        if not (self.root / "server.dat").is_file():
+            raise RefusedError(f"{self.root}: no server.dat here: not a nats-streaming-server file store")
+        self._check_unlocked()
+        server = self._server()
+        clients = self._clients()
+        channels = [self._channel(d) for d in sorted(self.root.iterdir(), key=lambda p: p.name) if d.is_dir()]
+        return StanStore(server, clients, channels, self._notes)
+
+    # -- the root's files ---------------------------------------------------------------------------
+
+    def _check_unlocked(self) -> None:
+        """A fault-tolerant server holds a lock on .rootdir.lck while it runs: refuse a store in use."""
+        lock = self.root / ".rootdir.lck"
+        if not lock.exists():
+            return
+        with lock.open("rb") as f:
+            try:
+                fcntl.lockf(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                raise RefusedError(
+                    f"{lock} is locked: a nats-streaming-server is running on this store; stop it first"
+                ) from None
+            fcntl.lockf(f, fcntl.LOCK_UN)
+
+    def _records(self, path: Path, data: memoryview, *, typed: bool) -> Iterator[Record]:
+        """The records of a whole typed or untyped file; a torn last record ends it when allowed."""
+        name = self._name(path)
+        if len(data) == 0:
+            self._note(f"{name}: empty file (not even its version word): read as holding nothing")
+            return
+        check_version(bytes(data[: VERSION.size]), name)
+        offset = VERSION.size
+        while True:
+            try:
+                record = read_record(data, offset, path=name, typed=typed, crc=self._crc)
+            except TornRecordError as exc:
+                if not self.options.drop_partial_tail:
+                    raise
+                self._torn[name] = exc.offset
+                self._note(f"{name}: dropped the torn record at byte {exc.offset} ({exc.why})")
+                return
+            if record is None:
+                if offset < len(data):
+                    self._note(f"{name}: zero padding from byte {offset} on, ignored (as the server does)")
+                return
+            yield record
+            offset = record.end
+
+    def _name(self, path: Path) -> str:
+        return str(path.relative_to(self.root)) if path.is_relative_to(self.root) else str(path)
+
+    def _server(self) -> ServerInfo:
+        path = self.root / "server.dat"
+        with _mapped(path) as data:
+            found = list(self._records(path, data, typed=False))
+        if not found:
+            raise RefusedError(
+                f"{path}: holds no server record (a store whose first start never finished): nothing to import"
+            )
+        info = _decode(ServerInfo, found[0], self._name(path))
+        assert isinstance(info, ServerInfo)
+        if len(found) > 1:
+            raise DamagedRecordError(self._name(path), found[1].offset, "a second server record")
+        return info
+
+    def _clients(self) -> dict[str, ClientInfo]:
+        path = self.root / "clients.dat"
+        clients: dict[str, ClientInfo] = {}
+        if not path.exists():
+            self._note("clients.dat: missing: no registered clients")
+            return clients
+        name = self._name(path)
+        with _mapped(path) as data:
+            for record in self._records(path, data, typed=True):
+                if record.kind == ADD_CLIENT:
+                    info = _decode(ClientInfo, record, name)
+                    assert isinstance(info, ClientInfo)
+                    clients[info.ID] = info
+                elif record.kind == DEL_CLIENT:
+                    gone = _decode(ClientDelete, record, name)
+                    assert isinstance(gone, ClientDelete)
+                    clients.pop(gone.ID, None)
+                else:
+                    raise DamagedRecordError(name, record.offset, f"unknown client record type {record.kind}")
+        return clients
+
+    # -- channels ---------------------------------------------------------------------------------
+
+    def _channel(self, directory: Path) -> StanChannel:
+        slices = sorted(
+            (int(m.group(1)), directory / m.group(0))
+            for m in (SLICE.fullmatch(p.name) for p in directory.iterdir())
+            if m is not None
+        )
+        surveys = [self._survey(path) for _, path in slices]
+        surveys = [s for s in surveys if s.msgs]
+        first = min((s.first for s in surveys), default=0)
+        last = max((s.last for s in surveys), default=0)
+        subs, max_sub_id = self._subscriptions(directory)
+        # A channel whose messages all expired keeps its last sequence only in its subscriptions'
+        # positions (the server keeps it in an empty slice, which a restart does not read back).
+        if not surveys:
+            last = max([s.state.lastSent for s in subs] + [0])
+            first = last + 1
+        prev = 0
+        for s in surveys:
+            if s.first <= prev:
+                raise DamagedRecordError(self._name(s.path), 4, f"slice starts at {s.first}, after {prev} in the slice before")
+            prev = s.last
+        channel = directory.name
+        decryptor = (
+            ChannelDecryptor(self.options.encryption_key, channel) if self.options.encryption_key is not None else None
+        )
+
+        def messages() -> Iterator[Message]:
+            for survey in surveys:
+                yield from self._messages(channel, survey, decryptor)
+
+        return StanChannel(
+            channel,
+            first or last + 1,
+            last,
+            sum(s.msgs for s in surveys),
+            sum(s.bytes for s in surveys),
+            subs,
+            messages,
+        )
+
+    def _survey(self, path: Path) -> _Slice:
+        """A slice's bounds, and whether its index can be trusted (its last entry checked against the
+        data file, as the server does); otherwise the data file is scanned."""
+        index = path.with_suffix(".idx")
+        name = self._name(path)
+        with _mapped(path) as data:
+            if len(data) == 0:
+                self._note(f"{name}: empty file (not even its version word): read as holding nothing")
+                return _Slice(path, False, 0, 0, 0, 0, len(data))
+            check_version(bytes(data[: VERSION.size]), name)
+            trusted = self._trusted_index(index, data)
+            if trusted is not None:
+                first, last, count, size, end = trusted
+                if end < len(data):
+                    self._note(
+                        f"{name}: {len(data) - end} bytes after the last indexed message (written as the server "
+                        "stopped, never acknowledged): ignored, as the server does"
+                    )
+                return _Slice(path, True, first, last, count, size, end)
+            first, last, count, size, end = 0, 0, 0, 0, VERSION.size
+            for record in self._records(path, data, typed=False):
+                msg = _message(record, name)
+                first = first or msg.sequence
+                if msg.sequence <= last:
+                    raise DamagedRecordError(name, record.offset, f"message {msg.sequence} after {last}")
+                last, count, size, end = msg.sequence, count + 1, size + len(record.payload), record.end
+            if name in self._torn:
+                self._note(f"{name}: the torn record was message {self._torn_seq(index, self._torn[name], last)}")
+            return _Slice(path, False, first, last, count, size + RECORD_OVERHEAD * count, end)
+
+    def _torn_seq(self, index: Path, offset: int, last: int) -> int:
+        """Which message the torn record at `offset` was (its index entry's sequence, else the next one)."""
+        seq = last + 1
+        if index.exists():
+            with _mapped(index) as data:
+                try:
+                    for entry in index_entries(data, path=self._name(index), crc=self._crc or Crc32()):
+                        if entry.offset == offset:
+                            seq = entry.seq
+                except StanFormatError:
+                    pass
+        return seq
+
+    def _trusted_index(self, index: Path, data: memoryview) -> tuple[int, int, int, int, int] | None:
+        """(first, last, count, bytes, end of the last record) from the index, if it holds entries and
+        its last one is a whole, intact record of that sequence in the data file; else None."""
+        if not index.exists():
+            return None
+        name = self._name(index)
+        first, count, size, last_entry = 0, 0, 0, None
+        with _mapped(index) as entries:
+            try:
+                for entry in index_entries(entries, path=name, crc=self._crc or Crc32()):
+                    first = first or entry.seq
+                    count, size, last_entry = count + 1, size + entry.size, entry
+            except StanFormatError as exc:
+                self._note(f"{name}: {exc.why} at byte {exc.offset}: rebuilt from the data file")
+                return None
+        if last_entry is None:
+            return None
+        try:
+            record = read_record(data, last_entry.offset, path=name, typed=False, crc=self._crc or Crc32())
+            msg = _message(record, name) if record is not None and len(record.payload) == last_entry.size else None
+        except StanFormatError:
+            msg = None
+        if msg is None or msg.sequence != last_entry.seq or last_entry.seq - first + 1 != count:
+            self._note(f"{name}: does not match its data file: rebuilt from the data file")
+            return None
+        return first, last_entry.seq, count, size + RECORD_OVERHEAD * count, last_entry.offset + 8 + last_entry.size
+
+    def _messages(self, channel: str, survey: _Slice, decryptor: ChannelDecryptor | None) -> Iterator[Message]:
+        name = self._name(survey.path)
+        with _mapped(survey.path) as data:
+            if survey.indexed:
+                index = survey.path.with_suffix(".idx")
+                with _mapped(index) as entries:
+                    found: Iterator[tuple[Record, IndexEntry | None]] = (
+                        (self._at(data, entry, name), entry)
+                        for entry in index_entries(entries, path=self._name(index), crc=self._crc or Crc32())
+                    )
+                    yield from self._decoded(channel, name, found, survey, decryptor)
+            else:
+                scanned = ((r, None) for r in self._records(survey.path, data, typed=False) if r.end <= survey.end)
+                yield from self._decoded(channel, name, scanned, survey, decryptor)
+
+    def _at(self, data: memoryview, entry: IndexEntry, name: str) -> Record:
+        record = read_record(data, entry.offset, path=name, typed=False, crc=self._crc)
+        if record is None or len(record.payload) != entry.size:
+            raise DamagedRecordError(name, entry.offset, f"message {entry.seq} is not where its index says")
+        return record
+
+    def _decoded(
+        self,
+        channel: str,
+        name: str,
+        found: Iterator[tuple[Record, IndexEntry | None]],
+        survey: _Slice,
+        decryptor: ChannelDecryptor | None,
+    ) -> Iterator[Message]:
+        for record, entry in found:
+            msg = _message(record, name)
+            if entry is not None and msg.sequence != entry.seq:
+                raise DamagedRecordError(name, record.offset, f"holds message {msg.sequence} where its index says {entry.seq}")
+            if msg.sequence > survey.last:
+                return
+            data = msg.data
+            if decryptor is not None:
+                try:
+                    data = decryptor.decrypt(data)
+                except DecryptionError as exc:
+                    raise DecryptionError(f"{name}: message {msg.sequence}: {exc}") from None
+            yield Message(msg.sequence, msg.timestamp, channel, msg.reply, data)
+
+    # -- subscriptions ------------------------------------------------------------------------------
+
+    def _subscriptions(self, directory: Path) -> tuple[list[StanSubscription], int]:
+        """The channel's subscriptions as the server replays subs.dat, and the highest ID it used."""
+        path = directory / "subs.dat"
+        subs: dict[int, StanSubscription] = {}
+        max_id = 0
+        if not path.exists():
+            return [], 0
+        name = self._name(path)
+        with _mapped(path) as data:
+            for record in self._records(path, data, typed=True):
+                if record.kind in (SUB_NEW, SUB_UPDATE):
+                    state = _decode(SubState, record, name)
+                    assert isinstance(state, SubState)
+                    existing = subs.get(state.ID)
+                    if record.kind == SUB_UPDATE and existing is not None:
+                        existing.state = state  # the pending set stays
+                    else:
+                        subs[state.ID] = StanSubscription(state)
+                    max_id = max(max_id, state.ID)
+                elif record.kind == SUB_DEL:
+                    gone = _decode(SubStateDelete, record, name)
+                    assert isinstance(gone, SubStateDelete)
+                    subs.pop(gone.ID, None)
+                    max_id = max(max_id, gone.ID)
+                elif record.kind in (SUB_ACK, SUB_MSG):
+                    update = _decode(SubStateUpdate, record, name)
+                    assert isinstance(update, SubStateUpdate)
+                    sub = subs.get(update.ID)
+                    if sub is None:
+                        continue
+                    if record.kind == SUB_MSG:
+                        sub.state.lastSent = max(sub.state.lastSent, update.seqno)
+                        sub.pending.add(update.seqno)
+                    else:
+                        sub.pending.discard(update.seqno)
+                else:
+                    raise DamagedRecordError(name, record.offset, f"unknown subscription record type {record.kind}")
+        return sorted(subs.values(), key=lambda s: s.state.ID), max_id
+
+
+@attrs.frozen
+class _Slice:
+    path: Path
+    indexed: bool  # read through its index (else by a scan of the data file)
+    first: int
+    last: int
+    msgs: int
+    bytes: int
+    end: int  # where what is read of the data file ends
+
+
+def _message(record: Record | None, name: str) -> MsgProto:
+    if record is None:
+        raise DamagedRecordError(name, 0, "no record where one was expected")
+    msg = MsgProto()
+    try:
+        msg.ParseFromString(record.payload)
+    except DecodeError as exc:
+        raise DamagedRecordError(name, record.offset, f"record is not a message: {exc}") from None
+    if msg.sequence == 0:
+        raise DamagedRecordError(name, record.offset, "message with sequence 0")
+    return msg
+

@@ -1,0 +1,272 @@
+"""Writing what was read of a nats-streaming-server store into a new data directory of ours.
+
+The store is built in a hidden directory beside the target and renamed to it only once it is whole:
+an import that fails or is interrupted leaves no data directory behind, never half of one. Messages
+keep their sequences and timestamps (`LmdbStore.load_channel`), clients their registrations, and
+subscriptions their positions and pending sequences, so the server started on the result recovers
+them as it would after its own restart: every pending message is redelivered (flagged) before any new
+one, to the durable or group that had it.
+
+What the server would not bring back is left out, each with a line saying so: plain subscriptions of
+clients that are no longer registered, and pending sequences whose messages are gone (below the
+channel's first sequence: nats-streaming-server acknowledges those itself when it comes to them).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import attrs
+
+from storage import (
+    ClientRecord,
+    LmdbStore,
+    Message,
+    SaveClient,
+    SaveSubscription,
+    SetPendingRun,
+    StoreLimits,
+    SubscriptionRecord,
+    SubUpdate,
+)
+from streaming.stan_import.crypto import looks_encrypted
+from streaming.stan_import.filestore import RefusedError
+from streaming.stan_import.limits import Retention
+from streaming.stan_import.model import StanChannel, StanStore, StanSubscription
+
+Progress = Callable[[int], None]  # called with the number of messages written since the last call
+
+
+@attrs.frozen
+class ImportOptions:
+    dry_run: bool = False
+    messages_only: bool = False  # a clustered node's store: its messages, without clients or subscriptions
+    encrypted: bool = False  # a key was given (else payloads that all look encrypted are refused)
+    retention: Retention | None = None  # the limits of the STAN config file, applied as it would at start
+    ours: StoreLimits = StoreLimits()  # the limits the server will run with (channels they would trim are named)
+
+
+@attrs.define
+class Report:
+    lines: list[str] = attrs.Factory(list)
+    channels: int = 0
+    messages: int = 0
+    clients: int = 0
+    subscriptions: int = 0
+    seconds: float = 0.0
+
+
+def check_importable(store: StanStore, options: ImportOptions) -> None:
+    """Refuse what cannot be imported as asked, before anything is written."""
+    if store.server.NodeID and not options.messages_only:
+        raise RefusedError(
+            f"this is the store of clustered node {store.server.NodeID!r}: a clustered nats-streaming-server "
+            "keeps its clients, subscriptions and acknowledgements in its Raft log, not in this store, so "
+            "importing it would lose every durable's position; import the store of a standalone server, or "
+            "add --messages_only to import the messages alone"
+        )
+    seen: dict[str, str] = {}
+    for channel in store.channels:
+        other = seen.setdefault(channel.name.lower(), channel.name)
+        if other != channel.name:
+            raise RefusedError(
+                f"channels {other!r} and {channel.name!r} differ only in case, which this server does not allow; "
+                "rename one of the directories in a copy of the store"
+            )
+
+
+def import_store(
+    store: StanStore, target: Path, options: ImportOptions, progress: Progress | None = None
+) -> Report:
+    """Write `store` into the new data directory `target` (nothing when `dry_run`: read and report)."""
+    check_importable(store, options)
+    started = time.monotonic()
+    if not options.dry_run:
+        if target.exists() and (not target.is_dir() or any(target.iterdir())):
+            raise RefusedError(f"{target} exists and is not empty: import into a new data directory")
+    building = target.parent / f".{target.name}.importing-{os.getpid()}"
+    report = Report()
+    our: LmdbStore | None = None
+    try:
+        if not options.dry_run:
+            building.mkdir(parents=True)
+            # Limits are the server's business when it runs; the import keeps everything it is given.
+            our = LmdbStore(building, store.server.ClusterID, StoreLimits(max_channels=0, max_subs=0))
+        if not options.messages_only:
+            _clients(store, our, report)
+        for channel in store.channels:
+            _channel(store, channel, our, options, report, progress)
+        if our is not None:
+            our.close()
+            our = None
+            if target.exists():
+                target.rmdir()
+            building.rename(target)
+    finally:
+        if our is not None:
+            our.close()
+        if building.exists():
+            shutil.rmtree(building)
+    report.seconds = time.monotonic() - started
+    _advice(store, options, report)
+    return report
+
+
+def _clients(store: StanStore, our: LmdbStore | None, report: Report) -> None:
+    updates: list[SubUpdate] = [
+        SaveClient(ClientRecord(c.ID, c.HbInbox, c.ConnID, c.Protocol, c.PingInterval, c.PingMaxOut))
+        for c in store.clients.values()
+    ]
+    if our is not None and updates:
+        our.apply(updates)
+    report.clients = len(updates)
+
+
+def _channel(
+    store: StanStore,
+    channel: StanChannel,
+    our: LmdbStore | None,
+    options: ImportOptions,
+    report: Report,
+    progress: Progress | None,
+) -> None:
+    kept, why = _kept(channel, options)
+    watch = _Watch(channel.name, options.encrypted, progress)
+    if our is not None:
+        info = our.load_channel(channel.name, watch.through(kept), last_seq=channel.last_seq)
+        first, count = info.first_seq, info.msgs
+    else:
+        count = 0
+        first = 0
+        for m in watch.through(kept):
+            first, count = first or m.seq, count + 1
+        first = first or channel.last_seq + 1
+    report.channels += 1
+    report.messages += count
+    if count < channel.msgs and why:
+        report.lines.append(f"channel {channel.name!r}: the oldest {channel.msgs - count} messages left out: {why}")
+    report.lines.append(
+        f"channel {channel.name!r}: {count} messages"
+        + (f", sequences {first}..{channel.last_seq}" if count else f", none left (last sequence {channel.last_seq})")
+    )
+    if not options.messages_only:
+        _subscriptions(store, channel, first, our, report)
+
+
+def _kept(channel: StanChannel, options: ImportOptions) -> tuple[Iterator[Message], str]:
+    """The channel's messages that the STAN config's limits keep (all of them without one), and
+    which limits remove some."""
+    if options.retention is None:
+        return channel.messages(), ""
+    cut = options.retention.cut(channel)
+    return cut.apply(channel.messages()), cut.why
+
+
+class _Watch:
+    """Counts what goes by for the progress bar, and refuses a channel whose payloads all look
+    encrypted when no key was given (they would be imported as ciphertext)."""
+
+    def __init__(self, channel: str, encrypted: bool, progress: Progress | None) -> None:
+        self.channel, self.encrypted, self.progress = channel, encrypted, progress
+        self.payloads = self.looking_encrypted = 0
+
+    def through(self, messages: Iterator[Message]) -> Iterator[Message]:
+        counted = 0
+        for m in messages:
+            if not self.encrypted and m.data:
+                self.payloads += 1
+                self.looking_encrypted += looks_encrypted(m.data)
+            yield m
+            counted += 1
+            if counted == 4096:
+                if self.progress is not None:
+                    self.progress(counted)
+                counted = 0
+        if self.progress is not None and counted:
+            self.progress(counted)
+        if not self.encrypted and self.payloads >= 2 and self.looking_encrypted == self.payloads:
+            raise RefusedError(
+                f"channel {self.channel!r}: every payload looks encrypted: the store was written with "
+                "--encrypt; give its key with --encryption_key (or NATS_STREAMING_ENCRYPTION_KEY)"
+            )
+
+
+def _subscriptions(store: StanStore, channel: StanChannel, first: int, our: LmdbStore | None, report: Report) -> None:
+    updates: list[SubUpdate] = []
+    for sub in channel.subscriptions:
+        state = sub.state
+        if not sub.is_durable and state.clientID not in store.clients:
+            report.lines.append(
+                f"channel {channel.name!r}: left out the plain subscription of client {state.clientID!r}, which is "
+                "not registered (the server would not bring it back either)"
+            )
+            continue
+        gone = sorted(seq for seq in sub.pending if seq < first)
+        if gone:
+            report.lines.append(
+                f"channel {channel.name!r}: {_describe(sub)} had {len(gone)} pending messages that are gone "
+                f"({gone[0]}..{gone[-1]}, below the first sequence {first}): not imported"
+            )
+        pending = sorted(seq for seq in sub.pending if seq >= first)
+        sub_id = our.new_subscription_id() if our is not None else state.ID
+        record = SubscriptionRecord(
+            sub_id=sub_id,
+            channel=channel.name,
+            client_id=state.clientID,
+            inbox=state.inbox,
+            ack_inbox=state.ackInbox,
+            ack_wait_ms=max(1, state.ackWaitInSecs) * 1000,
+            max_inflight=max(1, state.maxInFlight),
+            durable_name=sub.durable_name,
+            queue_group=sub.queue_group,
+            last_sent=state.lastSent,
+            is_durable=sub.is_durable,
+            is_closed=state.isClosed,
+        )
+        updates.append(SaveSubscription(record))
+        if pending:
+            updates.append(SetPendingRun(sub_id, pending))
+        report.subscriptions += 1
+    if our is not None and updates:
+        our.apply(updates)
+
+
+def _describe(sub: StanSubscription) -> str:
+    state = sub.state
+    if sub.queue_group:
+        if not state.clientID:
+            return f"durable queue group {sub.queue_group!r} (no member connected)"
+        return f"member {state.clientID!r} of queue group {sub.queue_group!r}"
+    if sub.is_durable:
+        return f"durable {sub.durable_name!r} of client {state.clientID!r}"
+    return f"subscription of client {state.clientID!r}"
+
+
+def _advice(store: StanStore, options: ImportOptions, report: Report) -> None:
+    """What the user should know before starting the server on the result."""
+    for channel in store.channels:
+        limits = options.ours.for_channel(channel.name)
+        over = []
+        if limits.max_msgs and channel.msgs > limits.max_msgs:
+            over.append(f"{channel.msgs} messages, over max_msgs {limits.max_msgs}")
+        if limits.max_bytes and channel.bytes > limits.max_bytes:
+            over.append(f"about {channel.bytes} bytes, over max_bytes {limits.max_bytes}")
+        if limits.max_age_s:
+            over.append(f"messages older than max_age {limits.max_age_s:g} s will go")
+        if over and options.retention is None:
+            report.lines.append(
+                f"channel {channel.name!r}: {'; '.join(over)}: the server's limits will trim it when it runs "
+                "(set [limits] or [channels] in its config to keep more)"
+            )
+    if store.server.ClusterID != "test-cluster":
+        report.lines.append(f"start the server with --cluster_id {store.server.ClusterID} (the store's cluster ID)")
+    expected = f"_STAN.pub.{store.server.ClusterID}"
+    if store.server.Publish and store.server.Publish != expected:
+        report.lines.append(
+            f"the old server took publishes on {store.server.Publish!r} (this one on {expected!r}): connected "
+            "clients must reconnect before they publish again"
+        )

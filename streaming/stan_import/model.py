@@ -1,0 +1,60 @@
+"""What an importer reads out of a nats-streaming-server store, whichever kind (file or SQL): its
+server record, registered clients, and per channel its bounds, messages (streamed) and subscriptions
+(replayed to their last state)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import attrs
+
+from storage import Message
+from streaming.stan_import.spb.store_pb2 import ClientInfo, ServerInfo, SubState
+
+
+@attrs.define(slots=True)
+class StanSubscription:
+    """A subscription as the server would recover it: its last state and its unacknowledged sequences."""
+
+    state: SubState
+    pending: set[int] = attrs.Factory(set)
+
+    @property
+    def durable_name(self) -> str:
+        """The durable's name (for a durable queue group, the part of its stored group before ':')."""
+        if self.state.qGroup and self.state.isDurable and ":" in self.state.qGroup:
+            return self.state.qGroup.split(":", 1)[0]
+        return self.state.durableName
+
+    @property
+    def queue_group(self) -> str:
+        """The queue group's name as its members gave it (a durable group is stored as 'durable:group')."""
+        if self.state.qGroup and self.state.isDurable and ":" in self.state.qGroup:
+            return self.state.qGroup.split(":", 1)[1]
+        return self.state.qGroup
+
+    @property
+    def is_durable(self) -> bool:
+        return self.state.isDurable or bool(self.state.durableName)  # old stores lack isDurable
+
+
+@attrs.define(slots=True)
+class StanChannel:
+    """One channel. `messages()` streams them in order (each once: it reads the files again); the bounds
+    are known when it is made, from the index files or a scan of the data files."""
+
+    name: str
+    first_seq: int  # with no message left, last_seq + 1
+    last_seq: int
+    msgs: int
+    bytes: int  # as nats-streaming-server counts them (payload plus 40 bytes of record overhead)
+    subscriptions: list[StanSubscription]
+    messages: Callable[[], Iterator[Message]]
+
+
+@attrs.define(slots=True)
+class StanStore:
+    server: ServerInfo
+    clients: dict[str, ClientInfo]
+    channels: list[StanChannel]
+    notes: list[str] = attrs.Factory(list)  # what the reader noticed and did, one line each (grows as it reads)
