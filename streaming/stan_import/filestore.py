@@ -30,6 +30,8 @@ from google.protobuf.message import DecodeError
 from storage import Message
 from streaming.stan_import.crypto import ChannelDecryptor, DecryptionError
 from streaming.stan_import.framing import (
+    CASTAGNOLI,
+    IEEE,
     VERSION,
     Crc32,
     DamagedRecordError,
@@ -140,6 +142,23 @@ class FileStoreReader:
                 ) from None
             fcntl.lockf(f, fcntl.LOCK_UN)
 
+    def _read(self, data: memoryview, offset: int, name: str, *, typed: bool, crc: Crc32 | None) -> Record | None:
+        """`read_record`, saying so when a checksum that fails is the Castagnoli polynomial's (a store
+        written with --file_crc_poly 0x82f63b78, imported without --crc_poly)."""
+        try:
+            return read_record(data, offset, path=name, typed=typed, crc=crc)
+        except DamagedRecordError as exc:
+            if crc is None or crc.poly != IEEE or "checksum" not in exc.why:
+                raise
+            try:
+                read_record(data, offset, path=name, typed=typed, crc=Crc32(CASTAGNOLI))
+            except StanFormatError:
+                raise exc from None
+            raise DamagedRecordError(
+                name, offset, f"{exc.why}: the checksums are CRC-32C (the server ran with --file_crc_poly "
+                f"0x{CASTAGNOLI:08x}): give --crc_poly 0x{CASTAGNOLI:08x}"
+            ) from None
+
     def _records(self, path: Path, data: memoryview, *, typed: bool) -> Iterator[Record]:
         """The records of a whole typed or untyped file; a torn last record ends it when allowed."""
         name = self._name(path)
@@ -150,7 +169,7 @@ class FileStoreReader:
         offset = VERSION.size
         while True:
             try:
-                record = read_record(data, offset, path=name, typed=typed, crc=self._crc)
+                record = self._read(data, offset, name, typed=typed, crc=self._crc)
             except TornRecordError as exc:
                 if not self.options.drop_partial_tail:
                     raise
@@ -330,7 +349,7 @@ class FileStoreReader:
                 yield from self._decoded(channel, name, scanned, survey, decryptor)
 
     def _at(self, data: memoryview, entry: IndexEntry, name: str) -> Record:
-        record = read_record(data, entry.offset, path=name, typed=False, crc=self._crc)
+        record = self._read(data, entry.offset, name, typed=False, crc=self._crc)
         if record is None or len(record.payload) != entry.size:
             raise DamagedRecordError(name, entry.offset, f"message {entry.seq} is not where its index says")
         return record

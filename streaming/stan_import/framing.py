@@ -23,6 +23,7 @@ INDEX_ENTRY = struct.Struct("<QQqII")  # seq, offset of the record, timestamp, p
 INDEX_BODY = 28
 MAX_TYPED_SIZE = 0xFFFFFF
 IEEE = 0xEDB88320  # Go's crc32.IEEE (reversed form), zlib's CRC-32
+CASTAGNOLI = 0x82F63B78  # CRC-32C, the other polynomial servers were given
 
 
 class StanFormatError(Exception):
