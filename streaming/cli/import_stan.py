@@ -125,7 +125,11 @@ def _done(store: StanStore, report: Report, target: Path, dry_run: bool) -> None
     print(
         f"{done} {target}: {report.channels} channels, {report.messages} messages, {report.subscriptions} "
         f"subscriptions, {report.clients} clients in {report.seconds:.1f} s"
-        + ("" if dry_run else f"; start it with `streaming-server --dir {target} --cluster_id {store.server.ClusterID}`")
+        + (
+            ""
+            if dry_run
+            else f"; start it with `streaming-server --dir {target} --cluster_id {store.server.ClusterID}`"
+        )
     )
 
 

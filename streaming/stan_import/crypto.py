@@ -41,7 +41,7 @@ class ChannelDecryptor:
 
     def __init__(self, master_key: bytes, channel: str) -> None:
         key = channel_key(master_key, channel)
-        self._ciphers = {AES: AESGCM(key), CHACHA: ChaCha20Poly1305(key)}
+        self._ciphers: dict[int, AESGCM | ChaCha20Poly1305] = {AES: AESGCM(key), CHACHA: ChaCha20Poly1305(key)}
 
     def decrypt(self, data: bytes) -> bytes:
         """The plaintext of a stored payload (returned as it is when not encrypted)."""

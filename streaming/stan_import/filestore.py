@@ -20,12 +20,14 @@ import fcntl
 import mmap
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
 from google.protobuf.message import DecodeError
+from google.protobuf.message import Message as ProtoMessage
 
 from storage import Message
 from streaming.stan_import.crypto import ChannelDecryptor, DecryptionError
@@ -54,6 +56,7 @@ from streaming.stan_import.spb.store_pb2 import (
 )
 from streaming.wire.stan_pb.protocol_pb2 import MsgProto
 
+M = TypeVar("M", bound=ProtoMessage)
 SLICE = re.compile(r"msgs\.(\d+)\.dat")
 ADD_CLIENT, DEL_CLIENT = 1, 2
 SUB_NEW, SUB_UPDATE, SUB_DEL, SUB_ACK, SUB_MSG = 1, 2, 3, 4, 5
@@ -93,12 +96,12 @@ def _mapped(path: Path) -> Iterator[memoryview]:
                 view.release()
 
 
-def _decode(cls: Callable[[], object], record: Record, path: str) -> object:
+def _decode(cls: type[M], record: Record, path: str) -> M:
     parsed = cls()
     try:
-        parsed.ParseFromString(record.payload)  # type: ignore[attr-defined]
+        parsed.ParseFromString(record.payload)
     except DecodeError as exc:
-        raise DamagedRecordError(path, record.offset, f"record is not a valid {cls.__name__}: {exc}") from None  # type: ignore[attr-defined]
+        raise DamagedRecordError(path, record.offset, f"record is not a valid {cls.__name__}: {exc}") from None
     return parsed
 
 
@@ -155,8 +158,10 @@ class FileStoreReader:
             except StanFormatError:
                 raise exc from None
             raise DamagedRecordError(
-                name, offset, f"{exc.why}: the checksums are CRC-32C (the server ran with --file_crc_poly "
-                f"0x{CASTAGNOLI:08x}): give --crc_poly 0x{CASTAGNOLI:08x}"
+                name,
+                offset,
+                f"{exc.why}: the checksums are CRC-32C (the server ran with --file_crc_poly "
+                f"0x{CASTAGNOLI:08x}): give --crc_poly 0x{CASTAGNOLI:08x}",
             ) from None
 
     def _records(self, path: Path, data: memoryview, *, typed: bool) -> Iterator[Record]:
@@ -195,7 +200,6 @@ class FileStoreReader:
                 f"{path}: holds no server record (a store whose first start never finished): nothing to import"
             )
         info = _decode(ServerInfo, found[0], self._name(path))
-        assert isinstance(info, ServerInfo)
         if len(found) > 1:
             raise DamagedRecordError(self._name(path), found[1].offset, "a second server record")
         return info
@@ -211,11 +215,9 @@ class FileStoreReader:
             for record in self._records(path, data, typed=True):
                 if record.kind == ADD_CLIENT:
                     info = _decode(ClientInfo, record, name)
-                    assert isinstance(info, ClientInfo)
                     clients[info.ID] = info
                 elif record.kind == DEL_CLIENT:
                     gone = _decode(ClientDelete, record, name)
-                    assert isinstance(gone, ClientDelete)
                     clients.pop(gone.ID, None)
                 else:
                     raise DamagedRecordError(name, record.offset, f"unknown client record type {record.kind}")
@@ -233,7 +235,7 @@ class FileStoreReader:
         surveys = [s for s in surveys if s.msgs]
         first = min((s.first for s in surveys), default=0)
         last = max((s.last for s in surveys), default=0)
-        subs, max_sub_id = self._subscriptions(directory)
+        subs = self._subscriptions(directory)
         # A channel whose messages all expired keeps its last sequence only in its subscriptions'
         # positions (the server keeps it in an empty slice, which a restart does not read back).
         if not surveys:
@@ -242,7 +244,9 @@ class FileStoreReader:
         prev = 0
         for s in surveys:
             if s.first <= prev:
-                raise DamagedRecordError(self._name(s.path), 4, f"slice starts at {s.first}, after {prev} in the slice before")
+                raise DamagedRecordError(
+                    self._name(s.path), 4, f"slice starts at {s.first}, after {prev} in the slice before"
+                )
             prev = s.last
         channel = directory.name
         decryptor = (
@@ -365,7 +369,9 @@ class FileStoreReader:
         for record, entry in found:
             msg = _message(record, name)
             if entry is not None and msg.sequence != entry.seq:
-                raise DamagedRecordError(name, record.offset, f"holds message {msg.sequence} where its index says {entry.seq}")
+                raise DamagedRecordError(
+                    name, record.offset, f"holds message {msg.sequence} where its index says {entry.seq}"
+                )
             if msg.sequence > survey.last:
                 return
             data = msg.data
@@ -378,33 +384,28 @@ class FileStoreReader:
 
     # -- subscriptions ------------------------------------------------------------------------------
 
-    def _subscriptions(self, directory: Path) -> tuple[list[StanSubscription], int]:
-        """The channel's subscriptions as the server replays subs.dat, and the highest ID it used."""
+    def _subscriptions(self, directory: Path) -> list[StanSubscription]:
+        """The channel's subscriptions as the server replays subs.dat (their IDs are the server's own,
+        per channel: ours are given anew)."""
         path = directory / "subs.dat"
         subs: dict[int, StanSubscription] = {}
-        max_id = 0
         if not path.exists():
-            return [], 0
+            return []
         name = self._name(path)
         with _mapped(path) as data:
             for record in self._records(path, data, typed=True):
                 if record.kind in (SUB_NEW, SUB_UPDATE):
                     state = _decode(SubState, record, name)
-                    assert isinstance(state, SubState)
                     existing = subs.get(state.ID)
                     if record.kind == SUB_UPDATE and existing is not None:
                         existing.state = state  # the pending set stays
                     else:
                         subs[state.ID] = StanSubscription(state)
-                    max_id = max(max_id, state.ID)
                 elif record.kind == SUB_DEL:
                     gone = _decode(SubStateDelete, record, name)
-                    assert isinstance(gone, SubStateDelete)
                     subs.pop(gone.ID, None)
-                    max_id = max(max_id, gone.ID)
                 elif record.kind in (SUB_ACK, SUB_MSG):
                     update = _decode(SubStateUpdate, record, name)
-                    assert isinstance(update, SubStateUpdate)
                     sub = subs.get(update.ID)
                     if sub is None:
                         continue
@@ -415,7 +416,7 @@ class FileStoreReader:
                         sub.pending.discard(update.seqno)
                 else:
                     raise DamagedRecordError(name, record.offset, f"unknown subscription record type {record.kind}")
-        return sorted(subs.values(), key=lambda s: s.state.ID), max_id
+        return sorted(subs.values(), key=lambda s: s.state.ID)
 
 
 @attrs.frozen
@@ -440,4 +441,3 @@ def _message(record: Record | None, name: str) -> MsgProto:
     if msg.sequence == 0:
         raise DamagedRecordError(name, record.offset, "message with sequence 0")
     return msg
-

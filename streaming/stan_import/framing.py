@@ -19,7 +19,9 @@ import attrs
 FILE_VERSION = 1
 VERSION = struct.Struct("<I")
 HEADER = struct.Struct("<II")  # header (type << 24 | size, or size), CRC-32 of the payload
-INDEX_ENTRY = struct.Struct("<QQqII")  # seq, offset of the record, timestamp, payload size, CRC-32 of the 28 bytes before
+INDEX_ENTRY = struct.Struct(
+    "<QQqII"
+)  # seq, offset of the record, timestamp, payload size, CRC-32 of the 28 bytes before
 INDEX_BODY = 28
 MAX_TYPED_SIZE = 0xFFFFFF
 IEEE = 0xEDB88320  # Go's crc32.IEEE (reversed form), zlib's CRC-32
@@ -92,12 +94,12 @@ def check_version(head: bytes, path: str) -> None:
         raise TornRecordError(path, 0, f"file of {len(head)} bytes has no version word")
     (version,) = VERSION.unpack_from(head)
     if version != FILE_VERSION:
-        raise DamagedRecordError(path, 0, f"file version {version}, not {FILE_VERSION}: not a nats-streaming-server file")
+        raise DamagedRecordError(
+            path, 0, f"file version {version}, not {FILE_VERSION}: not a nats-streaming-server file"
+        )
 
 
-def read_record(
-    data: bytes | memoryview, offset: int, *, path: str, typed: bool, crc: Crc32 | None
-) -> Record | None:
+def read_record(data: bytes | memoryview, offset: int, *, path: str, typed: bool, crc: Crc32 | None) -> Record | None:
     """The record at `offset` of `data` (a whole file), or None at the end of the file or at zero padding
     (a header of zeros, where the server stops reading too). `crc` None: checksums are not checked."""
     left = len(data) - offset

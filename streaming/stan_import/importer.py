@@ -47,7 +47,7 @@ class ImportOptions:
     messages_only: bool = False  # a clustered node's store: its messages, without clients or subscriptions
     encrypted: bool = False  # a key was given (else payloads that all look encrypted are refused)
     retention: Retention | None = None  # the limits of the STAN config file, applied as it would at start
-    ours: StoreLimits = StoreLimits()  # the limits the server will run with (channels they would trim are named)
+    ours: StoreLimits = attrs.field(factory=StoreLimits)  # the server's limits (channels they would trim are named)
 
 
 @attrs.define
@@ -79,15 +79,12 @@ def check_importable(store: StanStore, options: ImportOptions) -> None:
             )
 
 
-def import_store(
-    store: StanStore, target: Path, options: ImportOptions, progress: Progress | None = None
-) -> Report:
+def import_store(store: StanStore, target: Path, options: ImportOptions, progress: Progress | None = None) -> Report:
     """Write `store` into the new data directory `target` (nothing when `dry_run`: read and report)."""
     check_importable(store, options)
     started = time.monotonic()
-    if not options.dry_run:
-        if target.exists() and (not target.is_dir() or any(target.iterdir())):
-            raise RefusedError(f"{target} exists and is not empty: import into a new data directory")
+    if not options.dry_run and target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise RefusedError(f"{target} exists and is not empty: import into a new data directory")
     building = target.parent / f".{target.name}.importing-{os.getpid()}"
     report = Report()
     our: LmdbStore | None = None

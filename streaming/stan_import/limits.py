@@ -110,7 +110,7 @@ def load_retention(path: str | Path) -> Retention:
     section = next((v for k, v in tree.items() if k.lower() == "streaming"), tree)
     if not isinstance(section, dict):
         raise StanConfigError(f"{path}: the streaming section is not a map")
-    found = next((v for k, v in section.items() if k.lower() in ("limits", "store_limits", "storelimits")), {})
+    found: Any = next((v for k, v in section.items() if k.lower() in ("limits", "store_limits", "storelimits")), {})
     if not isinstance(found, dict):
         raise StanConfigError(f"{path}: store_limits is not a map")
     try:
@@ -152,7 +152,10 @@ def _channel(limits: dict[str, Any], *, per_channel: bool) -> ChannelLimits:
         got = _value(key, value)
         values[name] = -1 if per_channel and got == 0 else got  # 0 in a channel's entry: unlimited
     return ChannelLimits(
-        values.get("max_msgs", 0), values.get("max_bytes", 0), values.get("max_age", 0.0), values.get("max_inactivity", 0.0)
+        values.get("max_msgs", 0),
+        values.get("max_bytes", 0),
+        values.get("max_age", 0.0),
+        values.get("max_inactivity", 0.0),
     )
 
 
@@ -160,7 +163,7 @@ def _value(key: str, value: Any) -> Any:
     name = _NAMES[key.lower()]
     if name in ("max_age", "max_inactivity"):
         if not isinstance(value, str):
-            raise ValueError(f"{key} must be a duration in quotes such as \"24h\", not {value!r}")
+            raise ValueError(f'{key} must be a duration in quotes such as "24h", not {value!r}')
         return parse_duration_s(value)
     return _int(key, value)
 

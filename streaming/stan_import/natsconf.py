@@ -35,7 +35,7 @@ def parse_duration_s(text: str) -> float:
     """A Go duration ("24h", "1h30m", "500ms") in seconds."""
     parts = _DURATION.findall(text)
     if not parts or "".join(n + u for n, u in parts) != text:
-        raise ValueError(f"not a duration such as \"24h\" or \"90s\": {text!r}")
+        raise ValueError(f'not a duration such as "24h" or "90s": {text!r}')
     return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
 
 
@@ -124,7 +124,7 @@ class _Parser:
             return self.members(top=False)
         if c == "[":
             self.pos += 1
-            items = []
+            items: list[Any] = []
             while True:
                 self.skip()
                 if self.pos >= len(self.text):

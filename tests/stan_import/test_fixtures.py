@@ -77,7 +77,10 @@ def test_the_store_holds_what_the_manifest_says(imported: tuple[str, Path, str])
         state = store.recover()
     assert {c.client_id: c.hb_inbox for c in state.clients} == {c["client_id"]: c["hb_inbox"] for c in m["clients"]}
     by_channel = {c["name"]: c for c in m["channels"]}
-    found = {(s.record.channel, s.record.client_id, s.record.durable_name, s.record.queue_group): s for s in state.subscriptions}
+    found = {
+        (s.record.channel, s.record.client_id, s.record.durable_name, s.record.queue_group): s
+        for s in state.subscriptions
+    }
     assert len(found) == len(m["subscriptions"])
     for sub in m["subscriptions"]:
         got = found[(sub["channel"], sub["client_id"], sub["durable_name"], sub["queue_group"])]
@@ -106,7 +109,14 @@ def resume_plan(m: dict[str, Any]) -> tuple[list[dict[str, Any]], list[tuple[lis
         clients = sorted({sub["client_id"] for sub in subs})
         want = len(pending) + max(0, last - after)
         plan.append(
-            {"channel": channel, "durable": durable, "group": group, "clients": clients, "want": want, "max_inflight": 4096}
+            {
+                "channel": channel,
+                "durable": durable,
+                "group": group,
+                "clients": clients,
+                "want": want,
+                "max_inflight": 4096,
+            }
         )
         wanted.append((pending, after, last))
     return plan, wanted
@@ -116,7 +126,9 @@ def resume_plan(m: dict[str, Any]) -> tuple[list[dict[str, Any]], list[tuple[lis
 def test_node_nats_streaming_reads_and_resumes_what_was_imported(imported: tuple[str, Path, str]) -> None:
     name, target, _ = imported
     m = manifest(name)
-    server = ServerProcess(["-p", "0", "--dir", str(target), "--http_port=-1", "--cluster_id", m["server"]["cluster_id"]])
+    server = ServerProcess(
+        ["-p", "0", "--dir", str(target), "--http_port=-1", "--cluster_id", m["server"]["cluster_id"]]
+    )
     server.start()
     try:
         pages = httpx.get(f"http://127.0.0.1:{server.http_port}/streaming/channelsz?subs=1", timeout=10).json()

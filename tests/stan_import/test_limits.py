@@ -72,7 +72,7 @@ def test_bad_limits_are_refused(tmp_path: Path) -> None:
     with pytest.raises(StanConfigError, match="max_age must be a duration"):
         load_retention(tmp_path / "c.conf")
     assert parse_duration_s("1h2m3.5s") == 3723.5
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a duration"):
         parse_duration_s("1 hour")
     done = import_stan(STORES / "basic", tmp_path / "data", "--stan_config", str(tmp_path / "c.conf"))
     assert done.returncode == 2 and "max_age must be a duration" in done.stderr and not (tmp_path / "data").exists()

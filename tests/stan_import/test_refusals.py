@@ -52,7 +52,7 @@ def test_a_damaged_record_in_the_middle_is_refused_by_name(tmp_path: Path) -> No
     raw[offset + 8 + 12] ^= 0xFF  # inside the payload: only the checksum can tell
     data.write_bytes(bytes(raw))
     line = refused(import_stan(source, tmp_path / "data"), tmp_path / "data")
-    assert f"orders.eu/msgs.1.dat: checksum mismatch" in line and f"at byte {offset}" in line
+    assert "orders.eu/msgs.1.dat: checksum mismatch" in line and f"at byte {offset}" in line
 
 
 def test_an_index_that_disagrees_with_its_data_file_is_rebuilt_from_it(tmp_path: Path) -> None:
@@ -75,7 +75,9 @@ def test_an_index_that_disagrees_with_its_data_file_is_rebuilt_from_it(tmp_path:
 
 def test_a_wrong_key_or_none_fails_with_one_line(tmp_path: Path) -> None:
     for name in ("encrypted_aes", "encrypted_chacha"):
-        line = refused(import_stan(STORES / name, tmp_path / "data", "--encryption_key", "not-the-key"), tmp_path / "data")
+        line = refused(
+            import_stan(STORES / name, tmp_path / "data", "--encryption_key", "not-the-key"), tmp_path / "data"
+        )
         assert "does not authenticate with this key: wrong --encryption_key" in line
         line = refused(import_stan(STORES / name, tmp_path / "data"), tmp_path / "data")
         assert "every payload looks encrypted" in line and "--encryption_key" in line
@@ -97,7 +99,9 @@ def test_a_clustered_node_is_refused_or_imported_without_its_state(tmp_path: Pat
         state = store.recover()
         assert not state.subscriptions and not state.clients
         held = {c.name: (c.first_seq, c.last_seq, c.msgs) for c in state.channels}
-    assert held == {c["name"]: (c["first_seq"], c["last_seq"], c["msgs"]) for c in manifest("clustered_node")["channels"]}
+    assert held == {
+        c["name"]: (c["first_seq"], c["last_seq"], c["msgs"]) for c in manifest("clustered_node")["channels"]
+    }
 
 
 def test_a_torn_subscription_record_is_refused_unless_dropped(tmp_path: Path) -> None:

@@ -20,7 +20,9 @@ from tests.support.servers import free_port
 
 
 def stan_binary() -> Path | None:
-    found = os.environ.get("STAN_SERVER") or str(Path(__file__).resolve().parents[3] / "shared/peers/nats-streaming-server")
+    found = os.environ.get("STAN_SERVER") or str(
+        Path(__file__).resolve().parents[3] / "shared/peers/nats-streaming-server"
+    )
     return Path(found) if Path(found).is_file() and os.access(found, os.X_OK) else None
 
 
@@ -39,8 +41,22 @@ class StanPeer:
         binary = stan_binary()
         assert binary is not None
         self.proc = subprocess.Popen(
-            [str(binary), "-a", "127.0.0.1", "-p", str(self.port), "-m", str(self.http_port), "-st", "FILE",
-             "--dir", str(self.store), "-cid", "test-cluster", *self.flags],
+            [
+                str(binary),
+                "-a",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-m",
+                str(self.http_port),
+                "-st",
+                "FILE",
+                "--dir",
+                str(self.store),
+                "-cid",
+                "test-cluster",
+                *self.flags,
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
