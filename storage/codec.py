@@ -107,8 +107,7 @@ def encode_message(channel_id: int, seq: int, timestamp_unix_ns: int, head: byte
     """(key, value) of one message with a timestamp of its own (a bulk load keeps each message's)."""
     key = MSG_KEY.pack(channel_id, seq)
     ts = _TS.pack(timestamp_unix_ns)
-    crc = zlib.crc32(data, zlib.crc32(head, zlib.crc32(key + ts)))
-    return key, b"".join((ts, _CRC.pack(crc), head, data))
+    return key, b"".join((ts, _CRC.pack(zlib.crc32(data, zlib.crc32(key + ts + head))), head, data))
 
 
 def message_timestamp(value: Raw) -> int:

@@ -646,7 +646,8 @@ class LmdbStore(Store):
             raise ValueError(f"channel {name!r} exists already: a bulk load makes new channels only")
         info = self.ensure_channel(name)
         cid, db = info.channel_id, self._msgs.dbs["messages"]
-        first, prev, count, size, last_ts = 0, 0, 0, 0, 0
+        first: bytes = b""  # the first message's key
+        prev, count, size, last_ts = 0, 0, 0, 0
         batch: list[tuple[bytes, bytes]] = []
         batched = 0
 
@@ -655,22 +656,33 @@ class LmdbStore(Store):
             if added != len(batch):
                 raise IntegrityError(f"{self.path}: channel {name!r} holds rows already")
 
+        # The hot loop of an import: names bound locally, counts kept per batch.
+        encode, add = encode_message, batch.append
         for m in messages:
-            if m.seq <= prev or m.seq > last_seq:
-                raise ValueError(f"channel {name!r}: message {m.seq} after {prev} (the channel ends at {last_seq})")
+            seq = m.seq
+            if seq <= prev:
+                raise ValueError(f"channel {name!r}: message {seq} after {prev}")
+            prev = seq
             head = encode_head(m.reply, m.content_type) if m.reply or m.content_type else EMPTY_HEAD
-            key, value = encode_message(cid, m.seq, m.timestamp_unix_ns, head, m.data)
-            batch.append((key, value))
-            batched += len(value)
-            first, prev, count, size, last_ts = first or m.seq, m.seq, count + 1, size + len(value), m.timestamp_unix_ns
+            item = encode(cid, seq, m.timestamp_unix_ns, head, m.data)
+            add(item)
+            batched += len(item[1])
             if batched >= batch_bytes:
                 with self._msgs.write_lock:
                     self._msgs.write(put)
-                batch, batched = [], 0
+                first, count, size = first or batch[0][0], count + len(batch), size + batched
+                batch.clear()
+                batched = 0
+        if prev > last_seq:
+            raise ValueError(f"channel {name!r}: message {prev} past its end {last_seq}")
+        if batch:
+            first, count, size = first or batch[0][0], count + len(batch), size + batched
+        if count:
+            last_ts = m.timestamp_unix_ns  # the last message's
         with self._append_lock, self._msgs.write_lock:
             info = attrs.evolve(
                 info,
-                first_seq=first or last_seq + 1,
+                first_seq=key_seq(first) if first else last_seq + 1,
                 last_seq=last_seq,
                 msgs=count,
                 bytes=size,

@@ -15,9 +15,9 @@ from streaming.config import ConfigError, load, merged
 from streaming.stan_import.crypto import CIPHERS, DecryptionError
 from streaming.stan_import.filestore import FileStoreReader, ReadOptions, RefusedError
 from streaming.stan_import.framing import StanFormatError
-from streaming.stan_import.importer import ImportOptions, Progress, Report, import_store
+from streaming.stan_import.importer import ImportOptions, Report, import_store
 from streaming.stan_import.limits import StanConfigError, load_retention
-from streaming.stan_import.model import StanStore
+from streaming.stan_import.model import Progress, StanStore
 
 KEY_VARIABLE = "NATS_STREAMING_ENCRYPTION_KEY"  # as nats-streaming-server, it wins over the flag
 PROGRESS_FROM = 100_000  # messages: smaller stores import faster than a bar would draw
@@ -82,7 +82,6 @@ def import_stan_main(argv: list[str]) -> int:
     options = ImportOptions(
         dry_run=args.dry_run,
         messages_only=args.messages_only,
-        encrypted=key is not None,
         retention=retention,
         ours=ours,
     )
@@ -124,7 +123,7 @@ def _done(store: StanStore, report: Report, target: Path, dry_run: bool) -> None
     done = "would write" if dry_run else "wrote"
     print(
         f"{done} {target}: {report.channels} channels, {report.messages} messages, {report.subscriptions} "
-        f"subscriptions, {report.clients} clients in {report.seconds:.1f} s"
+        f"subscriptions, {report.clients} clients in {report.seconds:.2f} s"
         + (
             ""
             if dry_run

@@ -30,10 +30,13 @@ from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as ProtoMessage
 
 from storage import Message
-from streaming.stan_import.crypto import ChannelDecryptor, DecryptionError
+from streaming.stan_import.crypto import SMALLEST, ChannelDecryptor, DecryptionError
 from streaming.stan_import.framing import (
     CASTAGNOLI,
+    HEADER,
     IEEE,
+    INDEX_BODY,
+    INDEX_ENTRY,
     VERSION,
     Crc32,
     DamagedRecordError,
@@ -45,7 +48,7 @@ from streaming.stan_import.framing import (
     index_entries,
     read_record,
 )
-from streaming.stan_import.model import StanChannel, StanStore, StanSubscription
+from streaming.stan_import.model import Progress, StanChannel, StanStore, StanSubscription
 from streaming.stan_import.spb.store_pb2 import (
     ClientDelete,
     ClientInfo,
@@ -60,6 +63,8 @@ M = TypeVar("M", bound=ProtoMessage)
 SLICE = re.compile(r"msgs\.(\d+)\.dat")
 ADD_CLIENT, DEL_CLIENT = 1, 2
 SUB_NEW, SUB_UPDATE, SUB_DEL, SUB_ACK, SUB_MSG = 1, 2, 3, 4, 5
+ENCRYPTED_CODES = (1, 2)  # the first byte of an encrypted payload: AES-GCM, ChaCha20-Poly1305
+PROGRESS_EVERY = 4096  # messages between calls of a progress callback
 RECORD_OVERHEAD = 40  # what the server counts per message beyond its payload, against MaxBytes
 
 
@@ -253,9 +258,12 @@ class FileStoreReader:
             ChannelDecryptor(self.options.encryption_key, channel) if self.options.encryption_key is not None else None
         )
 
-        def messages() -> Iterator[Message]:
+        def messages(progress: Progress | None = None) -> Iterator[Message]:
+            looks = _LooksEncrypted(channel) if decryptor is None else None
             for survey in surveys:
-                yield from self._messages(channel, survey, decryptor)
+                yield from self._messages(channel, survey, decryptor, looks, progress)
+            if looks is not None:
+                looks.check()
 
         return StanChannel(
             channel,
@@ -311,76 +319,97 @@ class FileStoreReader:
         return seq
 
     def _trusted_index(self, index: Path, data: memoryview) -> tuple[int, int, int, int, int] | None:
-        """(first, last, count, bytes, end of the last record) from the index, if it holds entries and
-        its last one is a whole, intact record of that sequence in the data file; else None."""
+        """(first, last, count, bytes, end of the last record) from the index, if it is whole and its
+        first and last entries are intact, the last pointing at a whole, intact record of its sequence
+        in the data file (what the server checks); else None. The entries between are not read: the
+        data file is read whole anyway, each record checked, in sequence."""
         if not index.exists():
             return None
         name = self._name(index)
-        first, count, size, last_entry = 0, 0, 0, None
+        crc = self._crc or Crc32()
         with _mapped(index) as entries:
             try:
-                for entry in index_entries(entries, path=name, crc=self._crc or Crc32()):
-                    first = first or entry.seq
-                    count, size, last_entry = count + 1, size + entry.size, entry
+                check_version(bytes(entries[: VERSION.size]), name)
+                count, part = divmod(len(entries) - VERSION.size, INDEX_ENTRY.size)
+                if part:
+                    raise TornRecordError(name, len(entries) - part, "the index ends inside an entry")
+                zero = bytes(INDEX_ENTRY.size)
+                while count and entries[_entry_at(count - 1) : _entry_at(count)] == zero:
+                    count -= 1  # zero padding
+                if not count:
+                    return None
+                first_entry, last_entry = _entry(entries, 0, name, crc), _entry(entries, count - 1, name, crc)
             except StanFormatError as exc:
                 self._note(f"{name}: {exc.why} at byte {exc.offset}: rebuilt from the data file")
                 return None
-        if last_entry is None:
-            return None
         try:
-            record = read_record(data, last_entry.offset, path=name, typed=False, crc=self._crc or Crc32())
+            record = read_record(data, last_entry.offset, path=name, typed=False, crc=crc)
             msg = _message(record, name) if record is not None and len(record.payload) == last_entry.size else None
         except StanFormatError:
             msg = None
-        if msg is None or msg.sequence != last_entry.seq or last_entry.seq - first + 1 != count:
+        if msg is None or msg.sequence != last_entry.seq or last_entry.seq - first_entry.seq + 1 != count:
             self._note(f"{name}: does not match its data file: rebuilt from the data file")
             return None
-        return first, last_entry.seq, count, size + RECORD_OVERHEAD * count, last_entry.offset + 8 + last_entry.size
+        end = last_entry.offset + HEADER.size + last_entry.size
+        size = end - VERSION.size - HEADER.size * count  # the records are back to back
+        return first_entry.seq, last_entry.seq, count, size + RECORD_OVERHEAD * count, end
 
-    def _messages(self, channel: str, survey: _Slice, decryptor: ChannelDecryptor | None) -> Iterator[Message]:
-        name = self._name(survey.path)
-        with _mapped(survey.path) as data:
-            if survey.indexed:
-                index = survey.path.with_suffix(".idx")
-                with _mapped(index) as entries:
-                    found: Iterator[tuple[Record, IndexEntry | None]] = (
-                        (self._at(data, entry, name), entry)
-                        for entry in index_entries(entries, path=self._name(index), crc=self._crc or Crc32())
-                    )
-                    yield from self._decoded(channel, name, found, survey, decryptor)
-            else:
-                scanned = ((r, None) for r in self._records(survey.path, data, typed=False) if r.end <= survey.end)
-                yield from self._decoded(channel, name, scanned, survey, decryptor)
-
-    def _at(self, data: memoryview, entry: IndexEntry, name: str) -> Record:
-        record = self._read(data, entry.offset, name, typed=False, crc=self._crc)
-        if record is None or len(record.payload) != entry.size:
-            raise DamagedRecordError(name, entry.offset, f"message {entry.seq} is not where its index says")
-        return record
-
-    def _decoded(
+    def _messages(
         self,
         channel: str,
-        name: str,
-        found: Iterator[tuple[Record, IndexEntry | None]],
         survey: _Slice,
         decryptor: ChannelDecryptor | None,
+        looks: _LooksEncrypted | None,
+        progress: Progress | None,
     ) -> Iterator[Message]:
-        for record, entry in found:
-            msg = _message(record, name)
-            if entry is not None and msg.sequence != entry.seq:
-                raise DamagedRecordError(
-                    name, record.offset, f"holds message {msg.sequence} where its index says {entry.seq}"
-                )
-            if msg.sequence > survey.last:
-                return
-            data = msg.data
-            if decryptor is not None:
+        """The slice's messages, read straight through its data file up to where the survey says it
+        ends: every record's checksum checked, sequences in order (consecutive when the index said so,
+        as the server writes them), and as many as the survey counted. This is the importer's hot
+        loop: one pass, names bound locally."""
+        name = self._name(survey.path)
+        unpack, parse, crc = HEADER.unpack_from, MsgProto.FromString, self._crc
+        check = None if crc is None else crc.function
+        decrypt = None if decryptor is None else decryptor.decrypt
+        end, expect, count = survey.end, survey.first, 0
+        # The map itself, not a view of it: its slices are bytes, and nothing holds it open after.
+        with survey.path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            offset = VERSION.size
+            while offset < end:
+                size, stored = unpack(data, offset) if offset + HEADER.size <= end else (end, 0)
+                start = offset + HEADER.size
+                payload = data[start : start + size]
+                if start + size > end or (check is not None and check(payload) != stored):
+                    with memoryview(data) as view:  # let go before the map closes, whatever is raised
+                        self._read(view, offset, name, typed=False, crc=crc)  # raises, saying what is wrong
+                    raise DamagedRecordError(name, offset, f"a record runs past message {survey.last}")
                 try:
-                    data = decryptor.decrypt(data)
-                except DecryptionError as exc:
-                    raise DecryptionError(f"{name}: message {msg.sequence}: {exc}") from None
-            yield Message(msg.sequence, msg.timestamp, channel, msg.reply, data)
+                    msg = parse(payload)
+                except DecodeError as exc:
+                    raise DamagedRecordError(name, offset, f"record is not a message: {exc}") from None
+                seq = msg.sequence
+                if seq != expect and (survey.indexed or seq < expect):
+                    raise DamagedRecordError(name, offset, f"holds message {seq} where {expect} comes next")
+                body = msg.data
+                if body:
+                    if decrypt is not None:
+                        try:
+                            body = decrypt(body)
+                        except DecryptionError as exc:
+                            raise DecryptionError(f"{name}: message {seq}: {exc}") from None
+                    elif looks is not None:
+                        looks.payloads += 1
+                        if body[0] in ENCRYPTED_CODES and len(body) >= SMALLEST:
+                            looks.encrypted += 1
+                yield Message(seq, msg.timestamp, channel, msg.reply, body)
+                count += 1
+                expect = seq + 1
+                offset = start + size
+                if progress is not None and not count % PROGRESS_EVERY:
+                    progress(PROGRESS_EVERY)
+        if progress is not None:
+            progress(count % PROGRESS_EVERY)
+        if count != survey.msgs:
+            raise DamagedRecordError(name, offset, f"holds {count} messages where {survey.msgs} were counted")
 
     # -- subscriptions ------------------------------------------------------------------------------
 
@@ -419,6 +448,21 @@ class FileStoreReader:
         return sorted(subs.values(), key=lambda s: s.state.ID)
 
 
+class _LooksEncrypted:
+    """Counts a channel's payloads that look encrypted when no key was given: if all do, the store was
+    written with --encrypt, and importing them would store ciphertext as the messages."""
+
+    def __init__(self, channel: str) -> None:
+        self.channel, self.payloads, self.encrypted = channel, 0, 0
+
+    def check(self) -> None:
+        if self.payloads >= 2 and self.encrypted == self.payloads:
+            raise RefusedError(
+                f"channel {self.channel!r}: every payload looks encrypted: the store was written with "
+                "--encrypt; give its key with --encryption_key (or NATS_STREAMING_ENCRYPTION_KEY)"
+            )
+
+
 @attrs.frozen
 class _Slice:
     path: Path
@@ -428,6 +472,19 @@ class _Slice:
     msgs: int
     bytes: int
     end: int  # where what is read of the data file ends
+
+
+def _entry_at(n: int) -> int:
+    return VERSION.size + n * INDEX_ENTRY.size
+
+
+def _entry(entries: memoryview, n: int, name: str, crc: Crc32) -> IndexEntry:
+    """Entry `n` of an index (its checksum checked)."""
+    at = _entry_at(n)
+    seq, offset, timestamp, size, stored = INDEX_ENTRY.unpack_from(entries, at)
+    if crc(entries[at : at + INDEX_BODY]) != stored:
+        raise DamagedRecordError(name, at, "index entry checksum mismatch")
+    return IndexEntry(seq, offset, timestamp, size)
 
 
 def _message(record: Record | None, name: str) -> MsgProto:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import attrs
 
@@ -53,6 +53,8 @@ class Crc32:
             raise ValueError(f"a CRC-32 polynomial is a 32-bit number, not {poly}")
         self.poly = poly
         self._table: list[int] = []
+        # What callers on a hot path call: zlib's own function where it applies (no method call).
+        self.function: Callable[[bytes | memoryview], int] = zlib.crc32 if poly == IEEE else self.__call__
         if poly != IEEE:
             for n in range(256):
                 c = n

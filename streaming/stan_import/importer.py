@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
@@ -33,19 +33,15 @@ from storage import (
     SubscriptionRecord,
     SubUpdate,
 )
-from streaming.stan_import.crypto import looks_encrypted
 from streaming.stan_import.filestore import RefusedError
 from streaming.stan_import.limits import Retention
-from streaming.stan_import.model import StanChannel, StanStore, StanSubscription
-
-Progress = Callable[[int], None]  # called with the number of messages written since the last call
+from streaming.stan_import.model import Progress, StanChannel, StanStore, StanSubscription
 
 
 @attrs.frozen
 class ImportOptions:
     dry_run: bool = False
     messages_only: bool = False  # a clustered node's store: its messages, without clients or subscriptions
-    encrypted: bool = False  # a key was given (else payloads that all look encrypted are refused)
     retention: Retention | None = None  # the limits of the STAN config file, applied as it would at start
     ours: StoreLimits = attrs.field(factory=StoreLimits)  # the server's limits (channels they would trim are named)
 
@@ -131,15 +127,14 @@ def _channel(
     report: Report,
     progress: Progress | None,
 ) -> None:
-    kept, why = _kept(channel, options)
-    watch = _Watch(channel.name, options.encrypted, progress)
+    kept, why = _kept(channel, options, progress)
     if our is not None:
-        info = our.load_channel(channel.name, watch.through(kept), last_seq=channel.last_seq)
+        info = our.load_channel(channel.name, kept, last_seq=channel.last_seq)
         first, count = info.first_seq, info.msgs
     else:
         count = 0
         first = 0
-        for m in watch.through(kept):
+        for m in kept:
             first, count = first or m.seq, count + 1
         first = first or channel.last_seq + 1
     report.channels += 1
@@ -154,42 +149,13 @@ def _channel(
         _subscriptions(store, channel, first, our, report)
 
 
-def _kept(channel: StanChannel, options: ImportOptions) -> tuple[Iterator[Message], str]:
+def _kept(channel: StanChannel, options: ImportOptions, progress: Progress | None) -> tuple[Iterator[Message], str]:
     """The channel's messages that the STAN config's limits keep (all of them without one), and
     which limits remove some."""
     if options.retention is None:
-        return channel.messages(), ""
+        return channel.messages(progress), ""
     cut = options.retention.cut(channel)
-    return cut.apply(channel.messages()), cut.why
-
-
-class _Watch:
-    """Counts what goes by for the progress bar, and refuses a channel whose payloads all look
-    encrypted when no key was given (they would be imported as ciphertext)."""
-
-    def __init__(self, channel: str, encrypted: bool, progress: Progress | None) -> None:
-        self.channel, self.encrypted, self.progress = channel, encrypted, progress
-        self.payloads = self.looking_encrypted = 0
-
-    def through(self, messages: Iterator[Message]) -> Iterator[Message]:
-        counted = 0
-        for m in messages:
-            if not self.encrypted and m.data:
-                self.payloads += 1
-                self.looking_encrypted += looks_encrypted(m.data)
-            yield m
-            counted += 1
-            if counted == 4096:
-                if self.progress is not None:
-                    self.progress(counted)
-                counted = 0
-        if self.progress is not None and counted:
-            self.progress(counted)
-        if not self.encrypted and self.payloads >= 2 and self.looking_encrypted == self.payloads:
-            raise RefusedError(
-                f"channel {self.channel!r}: every payload looks encrypted: the store was written with "
-                "--encrypt; give its key with --encryption_key (or NATS_STREAMING_ENCRYPTION_KEY)"
-            )
+    return cut.apply(channel.messages(progress)), cut.why
 
 
 def _subscriptions(store: StanStore, channel: StanChannel, first: int, our: LmdbStore | None, report: Report) -> None:

@@ -38,10 +38,14 @@ class StanSubscription:
         return self.state.isDurable or bool(self.state.durableName)  # old stores lack isDurable
 
 
+Progress = Callable[[int], None]  # told how many more messages were read
+
+
 @attrs.define(slots=True)
 class StanChannel:
-    """One channel. `messages()` streams them in order (each once: it reads the files again); the bounds
-    are known when it is made, from the index files or a scan of the data files."""
+    """One channel. `messages(progress)` streams them in order (each call reads the files again), and
+    raises at the end for payloads that all look encrypted when no key was given; the bounds are known
+    when it is made, from the index files or a scan of the data files."""
 
     name: str
     first_seq: int  # with no message left, last_seq + 1
@@ -49,7 +53,7 @@ class StanChannel:
     msgs: int
     bytes: int  # as nats-streaming-server counts them (payload plus 40 bytes of record overhead)
     subscriptions: list[StanSubscription]
-    messages: Callable[[], Iterator[Message]]
+    messages: Callable[[Progress | None], Iterator[Message]]
 
 
 @attrs.define(slots=True)

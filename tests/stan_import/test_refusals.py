@@ -61,7 +61,7 @@ def test_an_index_that_disagrees_with_its_data_file_is_rebuilt_from_it(tmp_path:
     index.write_bytes(index.read_bytes()[: 4 + 32 * 50 + 7])  # cut inside an entry
     bad = source / "x.y.z" / "msgs.1.idx"
     raw = bytearray(bad.read_bytes())
-    raw[4 + 32 * 3] ^= 1  # an entry's checksum fails
+    raw[-32] ^= 1  # the last entry's checksum fails
     bad.write_bytes(bytes(raw))
     done = import_stan(source, tmp_path / "data")
     assert done.returncode == 0, done.stderr
