@@ -634,7 +634,7 @@ class LmdbStore(Store):
     # -- bulk load -------------------------------------------------------------------------------
 
     def load_channel(
-        self, name: str, messages: Iterable[Message], *, last_seq: int, batch_bytes: int = 16 * MiB
+        self, name: str, messages: Iterable[Message], *, last_seq: int, batch_bytes: int = 8 * MiB
     ) -> ChannelInfo:
         """Make a new channel holding `messages` at their own sequences and timestamps (increasing
         sequences, gaps allowed) and ending at `last_seq` even where no message is left: what an

@@ -65,6 +65,7 @@ ADD_CLIENT, DEL_CLIENT = 1, 2
 SUB_NEW, SUB_UPDATE, SUB_DEL, SUB_ACK, SUB_MSG = 1, 2, 3, 4, 5
 ENCRYPTED_CODES = (1, 2)  # the first byte of an encrypted payload: AES-GCM, ChaCha20-Poly1305
 PROGRESS_EVERY = 4096  # messages between calls of a progress callback
+RELEASE_EVERY = 8 << 20  # bytes of a data file read before their pages are let go (memory stays flat)
 RECORD_OVERHEAD = 40  # what the server counts per message beyond its payload, against MaxBytes
 
 
@@ -370,7 +371,7 @@ class FileStoreReader:
         unpack, parse, crc = HEADER.unpack_from, MsgProto.FromString, self._crc
         check = None if crc is None else crc.function
         decrypt = None if decryptor is None else decryptor.decrypt
-        end, expect, count = survey.end, survey.first, 0
+        end, expect, count, released = survey.end, survey.first, 0, 0
         # The map itself, not a view of it: its slices are bytes, and nothing holds it open after.
         with survey.path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
             offset = VERSION.size
@@ -404,8 +405,13 @@ class FileStoreReader:
                 count += 1
                 expect = seq + 1
                 offset = start + size
-                if progress is not None and not count % PROGRESS_EVERY:
-                    progress(PROGRESS_EVERY)
+                if not count % PROGRESS_EVERY:
+                    if progress is not None:
+                        progress(PROGRESS_EVERY)
+                    if offset - released >= RELEASE_EVERY:  # what is read need not stay resident
+                        upto = offset - offset % mmap.PAGESIZE
+                        data.madvise(mmap.MADV_DONTNEED, released, upto - released)
+                        released = upto
         if progress is not None:
             progress(count % PROGRESS_EVERY)
         if count != survey.msgs:
