@@ -13,11 +13,12 @@ from pathlib import Path
 from storage import StoreError
 from streaming.config import ConfigError, load, merged
 from streaming.stan_import.crypto import CIPHERS, DecryptionError
-from streaming.stan_import.filestore import FileStoreReader, ReadOptions, RefusedError
+from streaming.stan_import.filestore import FileStoreReader
 from streaming.stan_import.framing import StanFormatError
 from streaming.stan_import.importer import ImportOptions, Report, import_store
 from streaming.stan_import.limits import StanConfigError, load_retention
-from streaming.stan_import.model import Progress, StanStore
+from streaming.stan_import.model import Progress, ReadOptions, RefusedError, StanStore
+from streaming.stan_import.sqlstore import SqlStoreReader
 
 KEY_VARIABLE = "NATS_STREAMING_ENCRYPTION_KEY"  # as nats-streaming-server, it wins over the flag
 PROGRESS_FROM = 100_000  # messages: smaller stores import faster than a bar would draw
@@ -26,13 +27,18 @@ PROGRESS_FROM = 100_000  # messages: smaller stores import faster than a bar wou
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="streaming-server import-stan",
-        description="Import a stopped nats-streaming-server's file store (its --dir) into a new data directory: "
+        description="Import a stopped nats-streaming-server's store (the --dir of its file store, or its SQL "
+        "database) into a new data directory: "
         "every channel with its messages at their sequences and timestamps, registered clients, and "
         "subscriptions (durables, queue groups, plain ones) with their positions and pending messages. "
         "Never writes to the source. Exit status 0: imported (or, with --dry_run, importable), 1: refused, "
         "2: bad arguments.",
     )
-    parser.add_argument("source", metavar="STAN_DIR", help="the nats-streaming-server store directory")
+    parser.add_argument("source", metavar="STAN_DIR", nargs="?", help="the nats-streaming-server store directory")
+    parser.add_argument(
+        "--sql_driver", choices=["postgres", "mysql"], help="a SQL store's database (with --sql_source)"
+    )
+    parser.add_argument("--sql_source", metavar="DSN", help="its data source, as the server was given it")
     parser.add_argument("--dir", help="the new data directory (default: the config's, else ./streaming-data)")
     parser.add_argument("-c", "--config", help="this server's TOML config (its dir and limits)")
     parser.add_argument("--encryption_key", metavar="KEY", help=f"the store's encryption key ({KEY_VARIABLE} wins)")
@@ -64,7 +70,10 @@ def _number(text: str) -> int:
 
 
 def import_stan_main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if (args.source is None) == (args.sql_source is None) or bool(args.sql_source) != bool(args.sql_driver):
+        parser.error("give STAN_DIR, or --sql_driver and --sql_source")
     try:
         config = load(args.config, {}) if args.config else merged({}, {})
         ours = config.store_limits()
@@ -86,8 +95,13 @@ def import_stan_main(argv: list[str]) -> int:
         ours=ours,
     )
     target = Path(args.dir or config.dir)
+    reader: FileStoreReader | SqlStoreReader | None = None
     try:
-        store = FileStoreReader(args.source, read).read()
+        if args.source is not None:
+            reader = FileStoreReader(args.source, read)
+        else:
+            reader = SqlStoreReader(args.sql_driver, args.sql_source, read)
+        store = reader.read()
         _found(store)
         total = sum(c.msgs for c in store.channels)
         with _progress(total) as progress:
@@ -95,6 +109,9 @@ def import_stan_main(argv: list[str]) -> int:
     except (RefusedError, StanFormatError, DecryptionError, StoreError, OSError) as exc:
         print(f"streaming-server import-stan: {_why(exc, key is not None)}", file=sys.stderr)
         return 1
+    finally:
+        if isinstance(reader, SqlStoreReader):
+            reader.close()
     _done(store, report, target, args.dry_run)
     return 0
 

@@ -15,6 +15,8 @@ import hashlib
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 
+from streaming.stan_import.model import RefusedError
+
 AES, CHACHA = 1, 2
 CIPHERS = {"AES": AES, "CHACHA": CHACHA}
 NONCE, TAG = 12, 16
@@ -32,8 +34,24 @@ def channel_key(master_key: bytes, channel: str) -> bytes:
     return hashlib.sha256(zeros + hashlib.sha256(master_key).digest() + b"." + name).digest()
 
 
-def looks_encrypted(data: bytes) -> bool:
-    return len(data) >= SMALLEST and data[0] in (AES, CHACHA)
+class LooksEncrypted:
+    """Counts a channel's payloads that look encrypted when no key was given: if all of them do, the
+    store was written with --encrypt, and importing them would store ciphertext as the messages."""
+
+    def __init__(self, channel: str) -> None:
+        self.channel, self.payloads, self.encrypted = channel, 0, 0
+
+    def see(self, data: bytes) -> None:
+        self.payloads += 1
+        if data[0] in (AES, CHACHA) and len(data) >= SMALLEST:
+            self.encrypted += 1
+
+    def check(self) -> None:
+        if self.payloads >= 2 and self.encrypted == self.payloads:
+            raise RefusedError(
+                f"channel {self.channel!r}: every payload looks encrypted: the store was written with "
+                "--encrypt; give its key with --encryption_key (or NATS_STREAMING_ENCRYPTION_KEY)"
+            )
 
 
 class ChannelDecryptor:

@@ -30,7 +30,7 @@ from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as ProtoMessage
 
 from storage import Message
-from streaming.stan_import.crypto import SMALLEST, ChannelDecryptor, DecryptionError
+from streaming.stan_import.crypto import ChannelDecryptor, DecryptionError, LooksEncrypted
 from streaming.stan_import.framing import (
     CASTAGNOLI,
     HEADER,
@@ -48,7 +48,15 @@ from streaming.stan_import.framing import (
     index_entries,
     read_record,
 )
-from streaming.stan_import.model import Progress, StanChannel, StanStore, StanSubscription
+from streaming.stan_import.model import (
+    RECORD_OVERHEAD,
+    Progress,
+    ReadOptions,
+    RefusedError,
+    StanChannel,
+    StanStore,
+    StanSubscription,
+)
 from streaming.stan_import.spb.store_pb2 import (
     ClientDelete,
     ClientInfo,
@@ -63,27 +71,8 @@ M = TypeVar("M", bound=ProtoMessage)
 SLICE = re.compile(r"msgs\.(\d+)\.dat")
 ADD_CLIENT, DEL_CLIENT = 1, 2
 SUB_NEW, SUB_UPDATE, SUB_DEL, SUB_ACK, SUB_MSG = 1, 2, 3, 4, 5
-ENCRYPTED_CODES = (1, 2)  # the first byte of an encrypted payload: AES-GCM, ChaCha20-Poly1305
 PROGRESS_EVERY = 4096  # messages between calls of a progress callback
 RELEASE_EVERY = 8 << 20  # bytes of a data file read before their pages are let go (memory stays flat)
-RECORD_OVERHEAD = 40  # what the server counts per message beyond its payload, against MaxBytes
-
-
-@attrs.frozen
-class ReadOptions:
-    crc_poly: int | None = None  # None: IEEE
-    verify_crc: bool = True
-    drop_partial_tail: bool = False
-    encryption_key: bytes | None = None
-
-    def crc(self) -> Crc32 | None:
-        if not self.verify_crc:
-            return None
-        return Crc32() if self.crc_poly is None else Crc32(self.crc_poly)
-
-
-class RefusedError(Exception):
-    """The store cannot be imported as asked (the message says why and what to do)."""
 
 
 @contextmanager
@@ -260,7 +249,7 @@ class FileStoreReader:
         )
 
         def messages(progress: Progress | None = None) -> Iterator[Message]:
-            looks = _LooksEncrypted(channel) if decryptor is None else None
+            looks = LooksEncrypted(channel) if decryptor is None else None
             for survey in surveys:
                 yield from self._messages(channel, survey, decryptor, looks, progress)
             if looks is not None:
@@ -360,7 +349,7 @@ class FileStoreReader:
         channel: str,
         survey: _Slice,
         decryptor: ChannelDecryptor | None,
-        looks: _LooksEncrypted | None,
+        looks: LooksEncrypted | None,
         progress: Progress | None,
     ) -> Iterator[Message]:
         """The slice's messages, read straight through its data file up to where the survey says it
@@ -398,9 +387,7 @@ class FileStoreReader:
                         except DecryptionError as exc:
                             raise DecryptionError(f"{name}: message {seq}: {exc}") from None
                     elif looks is not None:
-                        looks.payloads += 1
-                        if body[0] in ENCRYPTED_CODES and len(body) >= SMALLEST:
-                            looks.encrypted += 1
+                        looks.see(body)
                 yield Message(seq, msg.timestamp, channel, msg.reply, body)
                 count += 1
                 expect = seq + 1
@@ -452,21 +439,6 @@ class FileStoreReader:
                 else:
                     raise DamagedRecordError(name, record.offset, f"unknown subscription record type {record.kind}")
         return sorted(subs.values(), key=lambda s: s.state.ID)
-
-
-class _LooksEncrypted:
-    """Counts a channel's payloads that look encrypted when no key was given: if all do, the store was
-    written with --encrypt, and importing them would store ciphertext as the messages."""
-
-    def __init__(self, channel: str) -> None:
-        self.channel, self.payloads, self.encrypted = channel, 0, 0
-
-    def check(self) -> None:
-        if self.payloads >= 2 and self.encrypted == self.payloads:
-            raise RefusedError(
-                f"channel {self.channel!r}: every payload looks encrypted: the store was written with "
-                "--encrypt; give its key with --encryption_key (or NATS_STREAMING_ENCRYPTION_KEY)"
-            )
 
 
 @attrs.frozen

@@ -33,9 +33,8 @@ from storage import (
     SubscriptionRecord,
     SubUpdate,
 )
-from streaming.stan_import.filestore import RefusedError
 from streaming.stan_import.limits import Retention
-from streaming.stan_import.model import Progress, StanChannel, StanStore, StanSubscription
+from streaming.stan_import.model import Progress, RefusedError, StanChannel, StanStore, StanSubscription
 
 
 @attrs.frozen

@@ -18,11 +18,10 @@ from typing import Any
 import attrs
 
 from storage import ChannelLimits, Message, StoreLimits
-from streaming.stan_import.model import StanChannel
+from streaming.stan_import.model import RECORD_OVERHEAD, StanChannel
 from streaming.stan_import.natsconf import ConfFormatError, parse_duration_s, parse_file
 from streaming.wire.stan_pb.protocol_pb2 import MsgProto
 
-RECORD_OVERHEAD = 40  # what the server counts per message beyond its record, against max_bytes
 _NAMES = {
     "mm": "max_msgs",
     "max_msgs": "max_msgs",

@@ -5,10 +5,12 @@ server record, registered clients, and per channel its bounds, messages (streame
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 import attrs
 
 from storage import Message
+from streaming.stan_import.framing import Crc32
 from streaming.stan_import.spb.store_pb2 import ClientInfo, ServerInfo, SubState
 
 
@@ -39,6 +41,28 @@ class StanSubscription:
 
 
 Progress = Callable[[int], None]  # told how many more messages were read
+RECORD_OVERHEAD = 40  # what the server counts per message beyond its record, against max_bytes
+
+
+@attrs.frozen
+class ReadOptions:
+    crc_poly: int | None = None  # None: IEEE
+    verify_crc: bool = True
+    drop_partial_tail: bool = False
+    encryption_key: bytes | None = None
+
+    def crc(self) -> Crc32 | None:
+        if not self.verify_crc:
+            return None
+        return Crc32() if self.crc_poly is None else Crc32(self.crc_poly)
+
+
+class RefusedError(Exception):
+    """The store cannot be imported as asked (the message says why and what to do)."""
+
+
+class MessageStream(Protocol):
+    def __call__(self, progress: Progress | None = None) -> Iterator[Message]: ...
 
 
 @attrs.define(slots=True)
@@ -53,7 +77,7 @@ class StanChannel:
     msgs: int
     bytes: int  # as nats-streaming-server counts them (payload plus 40 bytes of record overhead)
     subscriptions: list[StanSubscription]
-    messages: Callable[[Progress | None], Iterator[Message]]
+    messages: MessageStream
 
 
 @attrs.define(slots=True)

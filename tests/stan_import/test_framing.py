@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streaming.stan_import.crypto import DecryptionError
-from streaming.stan_import.filestore import FileStoreReader, ReadOptions, RefusedError
+from streaming.stan_import.filestore import FileStoreReader
 from streaming.stan_import.framing import (
     CASTAGNOLI,
     Crc32,
@@ -25,6 +25,7 @@ from streaming.stan_import.framing import (
     index_entries,
     records,
 )
+from streaming.stan_import.model import ReadOptions, RefusedError
 from tests.stan_import.support import STORES, copy
 
 

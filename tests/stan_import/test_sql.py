@@ -1,0 +1,132 @@
+"""A SQL store (`-st SQL`) written by the server we replace into a real PostgreSQL, imported with
+`--sql_driver postgres`: the messages, clients and subscriptions with their positions and pending
+messages as that server last reported them, in its default (cached) mode, where pending messages are
+rows of JSON arrays, and with `--sql_no_caching`, where each is a row of its own; then a durable
+resumes on our server with its pending messages first."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import anyio
+import pytest
+import trio
+
+from storage import LmdbStore
+from streaming.client import StartPosition, connect
+from tests.support.postgres import needs_postgres, postgres_server
+from tests.support.servers import ServerProcess, command, free_port
+from tests.support.stan_peer import needs_stan, stan_peer
+
+SCHEMA = (Path(__file__).parent / "postgres.sql").read_text()
+ACKED = {1, 2, 3, 5, 8, 13, 21}  # of 1..25, by the durable on sql.a
+
+
+async def _play(port: int) -> None:
+    async with connect("test-cluster", "sql-client", port=port, request_timeout_s=10) as client:
+        for i in range(25):
+            await client.publish("sql.a", f"a{i}".encode())
+            await client.publish("sql.b", bytes([i]) * i)
+        durable = await client.open_subscription(
+            "sql.a", durable="keeper", manual_ack=True, start_at=StartPosition.FIRST, ack_wait=60, max_inflight=100
+        )
+        for _ in range(25):
+            with anyio.fail_after(10):
+                msg = await durable.next_msg()
+            if msg.seq in ACKED:
+                msg.ack()
+        closed = await client.open_subscription(
+            "sql.b", durable="closer", manual_ack=True, start_at=StartPosition.SEQUENCE_START, start_sequence=20, ack_wait=60
+        )
+        for _ in range(6):
+            with anyio.fail_after(10):
+                await closed.next_msg()  # 20..25, none acked
+        await closed.close()
+        await trio.sleep(0.5)  # the acks reach the server, and it writes them, before it stops
+
+
+@needs_postgres
+@needs_stan
+@pytest.mark.parametrize("caching", [True, False], ids=["cached", "no_caching"])
+def test_a_postgres_store_imports_and_resumes(tmp_path: Path, caching: bool) -> None:
+    with postgres_server("stan", SCHEMA) as pg:
+        source = f"host=127.0.0.1 port={pg} user=stan dbname=stan sslmode=disable"
+        flags = ["-st", "SQL", "--sql_driver", "postgres", "--sql_source", source]
+        with stan_peer(tmp_path / "unused", *flags, f"--sql_no_caching={str(not caching).lower()}") as peer:
+            trio.run(_play, peer.port)
+            reported = {c["name"]: c for c in peer.page("channelsz?subs=1")["channels"]}
+            peer.stop()
+        done = import_stan_sql(pg, tmp_path / "data")
+        assert done.returncode == 0, done.stderr
+    with LmdbStore(tmp_path / "data") as store:
+        for name in ("sql.a", "sql.b"):
+            info = store.channel_info(name)
+            assert info is not None
+            assert (info.first_seq, info.last_seq, info.msgs) == (1, 25, reported[name]["msgs"])
+        assert [m.data for m in store.read("sql.a", 1, 30)] == [f"a{i}".encode() for i in range(25)]
+        assert [m.data for m in store.read("sql.b", 1, 30)] == [bytes([i]) * i for i in range(25)]
+        state = store.recover()
+    assert state.clients == []  # the client closed its connection: its durables wait for it offline
+    subs = {s.record.durable_name: s for s in state.subscriptions}
+    assert set(subs) == {"keeper", "closer"}
+    assert subs["keeper"].record.last_sent == 25 and set(subs["keeper"].pending) == set(range(1, 26)) - ACKED
+    assert subs["closer"].record.last_sent == 25 and set(subs["closer"].pending) == set(range(20, 26))
+    assert subs["closer"].record.is_closed and subs["keeper"].record.is_closed
+    for sub in reported["sql.a"]["subscriptions"] + reported["sql.b"]["subscriptions"]:
+        assert sub["pending_count"] == len(subs[sub["durable_name"]].pending)
+    server = ServerProcess(["-p", "0", "--dir", str(tmp_path / "data"), "--http_port=-1"]).start()
+    try:
+        got = trio.run(_resume, server.port)
+    finally:
+        server.stop()
+    pending = sorted(set(range(1, 26)) - ACKED)
+    assert got == [(seq, True) for seq in pending], got
+
+
+def import_stan_sql(port: int, target: Path) -> subprocess.CompletedProcess[str]:
+    dsn = f"postgresql://stan@127.0.0.1:{port}/stan"
+    return command("server_main", "import-stan", "--dir", str(target), "--sql_driver", "postgres", "--sql_source", dsn)
+
+
+async def _resume(port: int) -> list[tuple[int, bool]]:
+    async with connect("test-cluster", "sql-client", port=port) as client:
+        sub = await client.open_subscription("sql.a", durable="keeper", manual_ack=True, ack_wait=60)
+        got = []
+        with anyio.move_on_after(2):
+            while True:
+                msg = await sub.next_msg()
+                got.append((msg.seq, msg.redelivered))
+                msg.ack()
+        return got
+
+
+def test_the_mysql_data_source_is_read_as_the_go_driver_writes_it() -> None:
+    from streaming.stan_import.sqlstore import _MYSQL_DSN
+
+    found = _MYSQL_DSN.match("stan:secret@tcp(db.example:3307)/nss_db?charset=utf8")
+    assert found is not None
+    assert found.group("user", "password", "address", "db") == ("stan", "secret", "db.example:3307", "nss_db")
+    found = _MYSQL_DSN.match("root@/stan")
+    assert found is not None and found.group("user", "address", "db") == ("root", None, "stan")
+
+
+@pytest.mark.parametrize(
+    ("flags", "why"),
+    [
+        (["--sql_driver", "postgres"], "give STAN_DIR, or --sql_driver and --sql_source"),
+        (["somewhere", "--sql_driver", "postgres", "--sql_source", "x"], "give STAN_DIR, or --sql_driver"),
+    ],
+)
+def test_the_sources_are_one_or_the_other(tmp_path: Path, flags: list[str], why: str) -> None:
+    done = command("server_main", "import-stan", "--dir", str(tmp_path / "data"), *flags)
+    assert done.returncode == 2 and why in done.stderr
+
+
+def test_an_unreachable_database_is_one_line(tmp_path: Path) -> None:
+    dsn = f"postgresql://stan@127.0.0.1:{free_port()}/stan?connect_timeout=2"
+    done = command(
+        "server_main", "import-stan", "--dir", str(tmp_path / "data"), "--sql_driver", "postgres", "--sql_source", dsn
+    )
+    assert done.returncode == 1 and "cannot connect to the postgres store" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "data").exists()
