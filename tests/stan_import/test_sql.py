@@ -37,7 +37,12 @@ async def _play(port: int) -> None:
             if msg.seq in ACKED:
                 msg.ack()
         closed = await client.open_subscription(
-            "sql.b", durable="closer", manual_ack=True, start_at=StartPosition.SEQUENCE_START, start_sequence=20, ack_wait=60
+            "sql.b",
+            durable="closer",
+            manual_ack=True,
+            start_at=StartPosition.SEQUENCE_START,
+            start_sequence=20,
+            ack_wait=60,
         )
         for _ in range(6):
             with anyio.fail_after(10):
@@ -130,3 +135,49 @@ def test_an_unreachable_database_is_one_line(tmp_path: Path) -> None:
     )
     assert done.returncode == 1 and "cannot connect to the postgres store" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "data").exists()
+
+
+@needs_postgres
+def test_the_rules_of_the_tables(tmp_path: Path) -> None:
+    """Rows as the server writes them, put in by hand: a client without its protobuf, a deleted channel
+    and subscription, pending rows of both modes with an ack cancelling an earlier row's pending, a
+    last-sent position only in a pending row, and a channel whose messages are all gone."""
+    import psycopg
+
+    from streaming.stan_import.spb.store_pb2 import ClientInfo, ServerInfo, SubState
+    from streaming.wire.stan_pb.protocol_pb2 import MsgProto
+
+    with postgres_server("stan", SCHEMA) as pg, psycopg.connect(f"postgresql://stan@127.0.0.1:{pg}/stan") as db:
+        info = ServerInfo(ClusterID="rows", Publish="_STAN.pub.rows").SerializeToString()
+        db.execute("INSERT INTO ServerInfo (id, proto, version) VALUES ('rows', %s, 1)", (info,))
+        client = ClientInfo(ID="with-proto", HbInbox="_INBOX.a").SerializeToString()
+        db.execute("INSERT INTO Clients VALUES ('with-proto', '_INBOX.a', %s), ('old', '_INBOX.b', NULL)", (client,))
+        db.execute("INSERT INTO Channels (id, name, maxseq) VALUES (1, 'kept', 5), (2, 'gone', 9), (3, 'expired', 40)")
+        db.execute("UPDATE Channels SET deleted = TRUE WHERE id = 2")
+        for seq in range(1, 6):
+            body = MsgProto(sequence=seq, subject="kept", data=b"m%d" % seq, timestamp=1000 + seq).SerializeToString()
+            db.execute("INSERT INTO Messages VALUES (1, %s, %s, %s, %s)", (seq, 1000 + seq, len(body), body))
+        for subid, channel, name in ((7, 1, "cached"), (8, 1, "rows"), (9, 1, "deleted")):
+            state = SubState(ID=subid, clientID="with-proto", durableName=name, isDurable=True, lastSent=1)
+            state.ackInbox, state.maxInFlight, state.ackWaitInSecs = "_INBOX.ack", 10, 30
+            db.execute(
+                "INSERT INTO Subscriptions VALUES (%s, %s, 2, %s, %s)",
+                (channel, subid, state.SerializeToString(), name == "deleted"),
+            )
+        db.execute(
+            "INSERT INTO SubsPending (subid, row, lastsent, pending, acks) VALUES "
+            "(7, 1, 3, '[1,2,3]', '[]'), (7, 2, 4, '[4]', '[1,3]')"
+        )
+        db.execute("INSERT INTO SubsPending (subid, row, seq) VALUES (8, 1, 2), (8, 2, 5)")
+        db.commit()
+        done = import_stan_sql(pg, tmp_path / "data")
+    assert done.returncode == 0, done.stderr
+    with LmdbStore(tmp_path / "data", "rows") as store:
+        state = store.recover()
+        held = {c.name: (c.first_seq, c.last_seq, c.msgs) for c in state.channels}
+    assert held == {"kept": (1, 5, 5), "expired": (41, 40, 0)}
+    assert sorted((c.client_id, c.hb_inbox) for c in state.clients) == [("old", "_INBOX.b"), ("with-proto", "_INBOX.a")]
+    subs = {s.record.durable_name: s for s in state.subscriptions}
+    assert set(subs) == {"cached", "rows"}
+    assert set(subs["cached"].pending) == {2, 4} and subs["cached"].record.last_sent == 4
+    assert set(subs["rows"].pending) == {2, 5} and subs["rows"].record.last_sent == 5
