@@ -7,6 +7,8 @@ import fcntl
 import struct
 from pathlib import Path
 
+import pytest
+
 from storage import LmdbStore
 from tests.stan_import.support import STORES, copy, digests, import_stan, manifest
 
@@ -144,3 +146,25 @@ def test_a_directory_that_is_not_a_store_is_refused(tmp_path: Path) -> None:
     (source / "clients.dat").write_bytes(b"\x02\x00\x00\x00")
     line = refused(import_stan(source, tmp_path / "data"), tmp_path / "data")
     assert "clients.dat: file version 2" in line
+
+
+def test_the_key_in_the_environment_wins_as_for_the_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NATS_STREAMING_ENCRYPTION_KEY", "fixture-key-1")
+    done = import_stan(STORES / "encrypted_aes", tmp_path / "data", "--encryption_key", "not-the-key")
+    assert done.returncode == 0, done.stderr
+
+
+def test_without_checksums_a_changed_payload_is_taken_as_it_is(tmp_path: Path) -> None:
+    source = copy("basic", tmp_path)
+    data = source / "orders.eu" / "msgs.1.dat"
+    offset = entry_offset(source / "orders.eu" / "msgs.1.idx", 1)
+    raw = bytearray(data.read_bytes())
+    at = raw.index(b"orders.eu message 1", offset)
+    raw[at] = ord("O")  # the data changes; the record still parses, only its checksum fails
+    data.write_bytes(bytes(raw))
+    refused(import_stan(source, tmp_path / "data"), tmp_path / "data")
+    done = import_stan(source, tmp_path / "data", "--no_crc")
+    assert done.returncode == 0, done.stderr
+    with LmdbStore(tmp_path / "data") as store:
+        first = store.get("orders.eu", 1)
+        assert first is not None and first.data.startswith(b"Orders.eu message 1")
