@@ -39,15 +39,18 @@ class LooksEncrypted:
     store was written with --encrypt, and importing them would store ciphertext as the messages."""
 
     def __init__(self, channel: str) -> None:
-        self.channel, self.payloads, self.encrypted = channel, 0, 0
+        self.channel, self.payloads, self.clear = channel, 0, False
 
-    def see(self, data: bytes) -> None:
+    def see(self, data: bytes) -> bool:
+        """Count a payload; False for one that does not look encrypted (after it, none need be seen)."""
         self.payloads += 1
         if data[0] in (AES, CHACHA) and len(data) >= SMALLEST:
-            self.encrypted += 1
+            return True
+        self.clear = True
+        return False
 
     def check(self) -> None:
-        if self.payloads >= 2 and self.encrypted == self.payloads:
+        if not self.clear and self.payloads >= 2:
             raise RefusedError(
                 f"channel {self.channel!r}: every payload looks encrypted: the store was written with "
                 "--encrypt; give its key with --encryption_key (or NATS_STREAMING_ENCRYPTION_KEY)"

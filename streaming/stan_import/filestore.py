@@ -386,8 +386,8 @@ class FileStoreReader:
                             body = decrypt(body)
                         except DecryptionError as exc:
                             raise DecryptionError(f"{name}: message {seq}: {exc}") from None
-                    elif looks is not None:
-                        looks.see(body)
+                    elif looks is not None and not looks.see(body):
+                        looks = None  # one payload in the clear: the channel is not encrypted
                 yield Message(seq, msg.timestamp, channel, msg.reply, body)
                 count += 1
                 expect = seq + 1

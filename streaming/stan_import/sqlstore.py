@@ -168,8 +168,8 @@ class SqlStoreReader:
                             body = decryptor.decrypt(body)
                         except DecryptionError as exc:
                             raise DecryptionError(f"channel {name!r} message {seq}: {exc}") from None
-                    elif body and looks is not None:
-                        looks.see(body)
+                    elif body and looks is not None and not looks.see(body):
+                        looks = None  # one payload in the clear: the channel is not encrypted
                     yield Message(int(seq), msg.timestamp, name, msg.reply, body)
                 read += len(rows)
                 if progress is not None:

@@ -122,6 +122,7 @@ def resume_plan(m: dict[str, Any]) -> tuple[list[dict[str, Any]], list[tuple[lis
     return plan, wanted
 
 
+@pytest.mark.slow
 @node
 def test_node_nats_streaming_reads_and_resumes_what_was_imported(imported: tuple[str, Path, str]) -> None:
     name, target, _ = imported

@@ -12,6 +12,7 @@ from pathlib import Path
 import anyio
 import httpx
 import trio
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +24,7 @@ from tests.support.servers import ServerProcess
 from tests.support.stan_peer import needs_stan, stan_peer
 
 
+@pytest.mark.slow
 @node
 @needs_stan
 def test_a_connected_client_carries_on_across_the_switch(tmp_path: Path) -> None:
@@ -66,6 +68,7 @@ scenario = st.lists(  # per channel: its messages, and per durable on it which o
 )
 
 
+@pytest.mark.slow
 @needs_stan
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario)

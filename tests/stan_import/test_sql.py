@@ -51,6 +51,7 @@ async def _play(port: int) -> None:
         await trio.sleep(0.5)  # the acks reach the server, and it writes them, before it stops
 
 
+@pytest.mark.slow
 @needs_postgres
 @needs_stan
 @pytest.mark.parametrize("caching", [True, False], ids=["cached", "no_caching"])
