@@ -14,7 +14,7 @@ from storage import StoreError
 from streaming.config import ConfigError, load, merged
 from streaming.stan_import.crypto import CIPHERS, DecryptionError
 from streaming.stan_import.filestore import FileStoreReader
-from streaming.stan_import.framing import StanFormatError
+from streaming.stan_import.framing import StanFormatError, TornRecordError
 from streaming.stan_import.importer import ImportOptions, Report, import_store
 from streaming.stan_import.limits import StanConfigError, load_retention
 from streaming.stan_import.model import Progress, ReadOptions, RefusedError, StanStore
@@ -119,9 +119,10 @@ def import_stan_main(argv: list[str]) -> int:
 def _why(exc: Exception, keyed: bool) -> str:
     if isinstance(exc, DecryptionError):
         return f"{exc}: wrong --encryption_key" if keyed else str(exc)
-    if isinstance(exc, StanFormatError) and not isinstance(exc, type(None)):
-        hint = " (or --drop_partial_tail to import all but it)" if type(exc).__name__ == "TornRecordError" else ""
-        return f"refused: {exc}{hint}; nothing was imported"
+    if isinstance(exc, TornRecordError):
+        return f"refused: {exc} (or --drop_partial_tail to import all but it); nothing was imported"
+    if isinstance(exc, StanFormatError):
+        return f"refused: {exc}; nothing was imported"
     return str(exc)
 
 

@@ -5,11 +5,13 @@
     <channel>/msgs.N.dat  messages, slice N (any N; gaps allowed), and msgs.N.idx, its index
     <channel>/subs.dat    subscriptions: new (1), update (2), delete (3), ack (4), sent (5)
 
-Each slice is read the way the server recovers it: through its index when the index's last entry
-points at a whole record holding that sequence, else by scanning the data file (the index is
-rebuilt then, so the data file wins). Every record's checksum is checked, and every message read
-through the index must carry the index's sequence. A record cut short at the end of a file is
-refused (`TornRecordError`) unless `drop_partial_tail`, which leaves it out and says what it was.
+Each slice is bounded the way the server recovers it: by its index when the index is whole and its
+last entry points at a whole record holding that sequence (records past it were never acknowledged,
+and the server ignores them too), else by the data file itself (the server rebuilds the index then:
+the data file wins). The data file is then read once, straight through: every record's checksum
+checked, the sequences consecutive where the index vouched for them. A record cut short at the end of
+a file is refused (`TornRecordError`) unless `drop_partial_tail`, which leaves it out and says which
+message it was. Memory stays flat: a file is memory-mapped, and its pages let go as they are read.
 Subscriptions are replayed as the server does: last-sent follows the sent records even once those
 messages are acknowledged, an update replaces the state but keeps the pending set.
 """

@@ -1,7 +1,8 @@
 """Writing what was read of a nats-streaming-server store into a new data directory of ours.
 
-The store is built in a hidden directory beside the target and renamed to it only once it is whole:
-an import that fails or is interrupted leaves no data directory behind, never half of one. Messages
+The store is built in a hidden directory beside the target (`.NAME.importing-PID`) and renamed to it
+only once it is whole: an import that fails leaves nothing, and one that is killed leaves only that
+hidden directory, never half a data directory. Messages
 keep their sequences and timestamps (`LmdbStore.load_channel`), clients their registrations, and
 subscriptions their positions and pending sequences, so the server started on the result recovers
 them as it would after its own restart: every pending message is redelivered (flagged) before any new

@@ -95,3 +95,13 @@ def test_limits_remove_what_the_server_would_at_start(tmp_path: Path) -> None:
         audit = store.channel_info("audit")
         held = {c["name"]: len(c["messages"]) for c in manifest("basic")["channels"]}
         assert audit is not None and audit.msgs == held["audit"]  # global limits: the server's defaults
+
+
+def test_without_a_stan_config_it_names_what_our_limits_would_trim(tmp_path: Path) -> None:
+    (tmp_path / "ours.toml").write_text('dir = "unused"\n[limits]\nmax_msgs = 1000\n')
+    done = import_stan(STORES / "large", tmp_path / "data", "-c", str(tmp_path / "ours.toml"))
+    assert done.returncode == 0, done.stderr
+    assert "channel 'large.ch00': 4000 messages, over max_msgs 1000: the server's limits will trim it" in done.stdout
+    with LmdbStore(tmp_path / "data") as store:
+        info = store.channel_info("large.ch00")
+        assert info is not None and info.msgs == 4000  # imported whole: the limits are the server's to apply

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import anyio
 import httpx
-import trio
 import pytest
+import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
