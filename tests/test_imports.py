@@ -54,9 +54,7 @@ def test_every_module_of_the_server_sits_in_a_layer() -> None:
         module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
         parts = module.split(".")
         packages = ("streaming", "streaming.core", "streaming.observability", "streaming.ft", "streaming.stan_import")
-        if module not in packages and not any(
-            ".".join(parts[:n]) in named for n in range(1, len(parts) + 1)
-        ):
+        if module not in packages and not any(".".join(parts[:n]) in named for n in range(1, len(parts) + 1)):
             unplaced.append(module)
     assert unplaced == []
 
