@@ -113,6 +113,9 @@ def import_stan_main(argv: list[str]) -> int:
         if isinstance(reader, SqlStoreReader):
             reader.close()
     _done(store, report, target, args.dry_run)
+    if retention is not None:
+        print("the STAN config's limits, to keep them applying here, in this server's config file (-c):")
+        print(retention.as_toml(), end="")
     return 0
 
 

@@ -10,6 +10,7 @@ the global one (storage.limits resolves them the same way).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,6 +87,15 @@ class Retention:
     limits: StoreLimits
     now_unix_ns: int = attrs.field(factory=time.time_ns)
 
+    def as_toml(self) -> str:
+        """The same limits in this server's config file (its `[limits]` and `[channels."..."]`, which
+        resolve as the server's did), so that they keep applying once it runs."""
+        lines = [f"max_channels = {self.limits.max_channels}", f"max_subs = {self.limits.max_subs}", "", "[limits]"]
+        lines += _toml_limits(self.limits.channel)
+        for pattern, limits in sorted(self.limits.per_channel.items()):
+            lines += ["", f"[channels.{json.dumps(pattern)}]", *_toml_limits(limits)]
+        return "\n".join(lines) + "\n"
+
     def cut(self, channel: StanChannel) -> Cut:
         """What starting nats-streaming-server with these limits would remove from `channel`."""
         lim = self.limits.for_channel(channel.name)
@@ -98,6 +108,16 @@ class Retention:
             f"older than max_age {lim.max_age_s:g} s" if older else "",
         ]
         return Cut(", ".join(r for r in reasons if r), channel.msgs, channel.bytes, max_msgs, max_bytes, older)
+
+
+def _toml_limits(limits: ChannelLimits) -> list[str]:
+    values = [
+        ("max_msgs", limits.max_msgs),
+        ("max_bytes", limits.max_bytes),
+        ("max_age", limits.max_age_s),
+        ("max_inactivity", limits.max_inactivity_s),
+    ]
+    return [f"{name} = {value}" for name, value in values if value]
 
 
 def load_retention(path: str | Path) -> Retention:

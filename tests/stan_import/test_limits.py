@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from storage import LmdbStore
+from streaming.config import load
 from streaming.stan_import.limits import StanConfigError, load_retention
 from streaming.stan_import.natsconf import ConfFormatError, parse_duration_s, parse_file
 from tests.stan_import.support import STORES, import_stan, manifest
@@ -105,3 +106,20 @@ def test_without_a_stan_config_it_names_what_our_limits_would_trim(tmp_path: Pat
     with LmdbStore(tmp_path / "data") as store:
         info = store.channel_info("large.ch00")
         assert info is not None and info.msgs == 4000  # imported whole: the limits are the server's to apply
+
+
+def test_the_stan_limits_are_given_as_our_config(tmp_path: Path) -> None:
+    """What the importer prints for this server's config file resolves as the STAN file's limits did."""
+    (tmp_path / "stan.conf").write_text(
+        'store_limits { max_channels: 7, max_msgs: 500, max_age: "2h", '
+        'channels { "orders.*": { max_msgs: 0, max_bytes: 10KB }, audit: { max_inactivity: "1m" } } }'
+    )
+    done = import_stan(STORES / "basic", tmp_path / "data", "--stan_config", str(tmp_path / "stan.conf"))
+    assert done.returncode == 0, done.stderr
+    toml = done.stdout.split("in this server's config file (-c):\n", 1)[1]
+    (tmp_path / "ours.toml").write_text(toml)
+    ours = load(str(tmp_path / "ours.toml"), {}).store_limits()
+    theirs = load_retention(tmp_path / "stan.conf").limits
+    assert ours.max_channels == 7 == theirs.max_channels
+    for name in ("orders.eu", "audit", "x.y.z", "other"):
+        assert ours.for_channel(name) == theirs.for_channel(name), name

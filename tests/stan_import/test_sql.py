@@ -159,11 +159,11 @@ def test_the_rules_of_the_tables(tmp_path: Path) -> None:
             body = MsgProto(sequence=seq, subject="kept", data=b"m%d" % seq, timestamp=1000 + seq).SerializeToString()
             db.execute("INSERT INTO Messages VALUES (1, %s, %s, %s, %s)", (seq, 1000 + seq, len(body), body))
         for subid, channel, name in ((7, 1, "cached"), (8, 1, "rows"), (9, 1, "deleted")):
-            state = SubState(ID=subid, clientID="with-proto", durableName=name, isDurable=True, lastSent=1)
-            state.ackInbox, state.maxInFlight, state.ackWaitInSecs = "_INBOX.ack", 10, 30
+            sub = SubState(ID=subid, clientID="with-proto", durableName=name, isDurable=True, lastSent=1)
+            sub.ackInbox, sub.maxInFlight, sub.ackWaitInSecs = "_INBOX.ack", 10, 30
             db.execute(
                 "INSERT INTO Subscriptions VALUES (%s, %s, 2, %s, %s)",
-                (channel, subid, state.SerializeToString(), name == "deleted"),
+                (channel, subid, sub.SerializeToString(), name == "deleted"),
             )
         db.execute(
             "INSERT INTO SubsPending (subid, row, lastsent, pending, acks) VALUES "
