@@ -1,26 +1,76 @@
-"""A SQL store (`-st SQL`) written by the server we replace into a real PostgreSQL, imported with
-`--sql_driver postgres`: the messages, clients and subscriptions with their positions and pending
-messages as that server last reported them, in its default (cached) mode, where pending messages are
-rows of JSON arrays, and with `--sql_no_caching`, where each is a row of its own; then a durable
-resumes on our server with its pending messages first."""
+"""A SQL store (`-st SQL`) written by the server we replace into a real PostgreSQL and a real MariaDB,
+imported with `--sql_driver postgres|mysql`: the messages, clients and subscriptions with their
+positions and pending messages as that server last reported them, in its default (cached) mode, where
+pending messages are rows of JSON arrays, and with `--sql_no_caching`, where each is a row of its own;
+then a durable resumes on our server with its pending messages first. Rows put in by hand check the
+rules of each table where the server is absent."""
 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
+import attrs
 import pytest
 import trio
 
 from storage import LmdbStore
 from streaming.client import StartPosition, connect
+from tests.support.mysql import mysql_server, needs_mysql
 from tests.support.postgres import needs_postgres, postgres_server
 from tests.support.servers import ServerProcess, command, free_port
 from tests.support.stan_peer import needs_stan, stan_peer
 
-SCHEMA = (Path(__file__).parent / "postgres.sql").read_text()
+HERE = Path(__file__).parent
 ACKED = {1, 2, 3, 5, 8, 13, 21}  # of 1..25, by the durable on sql.a
+
+
+@attrs.frozen
+class Database:
+    driver: str
+    port: int
+
+    @property
+    def stan_source(self) -> str:
+        """The data source as nats-streaming-server is given it (the Go drivers' forms)."""
+        if self.driver == "postgres":
+            return f"host=127.0.0.1 port={self.port} user=stan dbname=stan sslmode=disable"
+        return f"root@tcp(127.0.0.1:{self.port})/stan"
+
+    @property
+    def our_source(self) -> str:
+        if self.driver == "postgres":
+            return f"postgresql://stan@127.0.0.1:{self.port}/stan"
+        return self.stan_source  # the importer reads the Go MySQL driver's form
+
+    def connect(self) -> Any:
+        if self.driver == "postgres":
+            import psycopg
+
+            return psycopg.connect(self.our_source)
+        import pymysql
+
+        return pymysql.connect(host="127.0.0.1", port=self.port, user="root", database="stan")
+
+
+@contextmanager
+def database(driver: str) -> Iterator[Database]:
+    start = postgres_server if driver == "postgres" else mysql_server
+    with start("stan", (HERE / f"{driver}.sql").read_text()) as port:
+        yield Database(driver, port)
+
+
+DRIVERS = [pytest.param("postgres", marks=needs_postgres), pytest.param("mysql", marks=needs_mysql)]
+
+
+def import_stan_sql(db: Database, target: Path) -> subprocess.CompletedProcess[str]:
+    return command(
+        "server_main", "import-stan", "--dir", str(target), "--sql_driver", db.driver, "--sql_source", db.our_source
+    )
 
 
 async def _play(port: int) -> None:
@@ -52,18 +102,17 @@ async def _play(port: int) -> None:
 
 
 @pytest.mark.slow
-@needs_postgres
 @needs_stan
+@pytest.mark.parametrize("driver", DRIVERS)
 @pytest.mark.parametrize("caching", [True, False], ids=["cached", "no_caching"])
-def test_a_postgres_store_imports_and_resumes(tmp_path: Path, caching: bool) -> None:
-    with postgres_server("stan", SCHEMA) as pg:
-        source = f"host=127.0.0.1 port={pg} user=stan dbname=stan sslmode=disable"
-        flags = ["-st", "SQL", "--sql_driver", "postgres", "--sql_source", source]
+def test_a_sql_store_imports_and_resumes(tmp_path: Path, driver: str, caching: bool) -> None:
+    with database(driver) as db:
+        flags = ["-st", "SQL", "--sql_driver", driver, "--sql_source", db.stan_source]
         with stan_peer(tmp_path / "unused", *flags, f"--sql_no_caching={str(not caching).lower()}") as peer:
             trio.run(_play, peer.port)
             reported = {c["name"]: c for c in peer.page("channelsz?subs=1")["channels"]}
             peer.stop()
-        done = import_stan_sql(pg, tmp_path / "data")
+        done = import_stan_sql(db, tmp_path / "data")
         assert done.returncode == 0, done.stderr
     with LmdbStore(tmp_path / "data") as store:
         for name in ("sql.a", "sql.b"):
@@ -88,11 +137,6 @@ def test_a_postgres_store_imports_and_resumes(tmp_path: Path, caching: bool) -> 
         server.stop()
     pending = sorted(set(range(1, 26)) - ACKED)
     assert got == [(seq, True) for seq in pending], got
-
-
-def import_stan_sql(port: int, target: Path) -> subprocess.CompletedProcess[str]:
-    dsn = f"postgresql://stan@127.0.0.1:{port}/stan"
-    return command("server_main", "import-stan", "--dir", str(target), "--sql_driver", "postgres", "--sql_source", dsn)
 
 
 async def _resume(port: int) -> list[tuple[int, bool]]:
@@ -138,17 +182,16 @@ def test_an_unreachable_database_is_one_line(tmp_path: Path) -> None:
     assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "data").exists()
 
 
-@needs_postgres
-def test_the_rules_of_the_tables(tmp_path: Path) -> None:
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_the_rules_of_the_tables(tmp_path: Path, driver: str) -> None:
     """Rows as the server writes them, put in by hand: a client without its protobuf, a deleted channel
     and subscription, pending rows of both modes with an ack cancelling an earlier row's pending, a
     last-sent position only in a pending row, and a channel whose messages are all gone."""
-    import psycopg
-
     from streaming.stan_import.spb.store_pb2 import ClientInfo, ServerInfo, SubState
     from streaming.wire.stan_pb.protocol_pb2 import MsgProto
 
-    with postgres_server("stan", SCHEMA) as pg, psycopg.connect(f"postgresql://stan@127.0.0.1:{pg}/stan") as db:
+    row = "`row`" if driver == "mysql" else "row"
+    with database(driver) as where, closing(where.connect()) as connection, closing(connection.cursor()) as db:
         info = ServerInfo(ClusterID="rows", Publish="_STAN.pub.rows").SerializeToString()
         db.execute("INSERT INTO ServerInfo (id, proto, version) VALUES ('rows', %s, 1)", (info,))
         client = ClientInfo(ID="with-proto", HbInbox="_INBOX.a").SerializeToString()
@@ -166,12 +209,12 @@ def test_the_rules_of_the_tables(tmp_path: Path) -> None:
                 (channel, subid, sub.SerializeToString(), name == "deleted"),
             )
         db.execute(
-            "INSERT INTO SubsPending (subid, row, lastsent, pending, acks) VALUES "
+            f"INSERT INTO SubsPending (subid, {row}, lastsent, pending, acks) VALUES "
             "(7, 1, 3, '[1,2,3]', '[]'), (7, 2, 4, '[4]', '[1,3]')"
         )
-        db.execute("INSERT INTO SubsPending (subid, row, seq) VALUES (8, 1, 2), (8, 2, 5)")
-        db.commit()
-        done = import_stan_sql(pg, tmp_path / "data")
+        db.execute(f"INSERT INTO SubsPending (subid, {row}, seq) VALUES (8, 1, 2), (8, 2, 5)")
+        connection.commit()
+        done = import_stan_sql(where, tmp_path / "data")
     assert done.returncode == 0, done.stderr
     with LmdbStore(tmp_path / "data", "rows") as store:
         state = store.recover()
