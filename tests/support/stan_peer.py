@@ -60,11 +60,20 @@ class StanPeer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop(signal.SIGKILL)  # never left behind
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + 20
         while True:  # its monitoring answers once the streaming server is up (each page in turn)
             try:
                 if self.page("serverz").get("state") and "total" in self.page("channelsz"):
-                    return self
+                    return
             except (httpx.HTTPError, ValueError):
                 pass
             if time.monotonic() > deadline or self.proc.poll() is not None:
