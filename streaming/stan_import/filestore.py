@@ -34,9 +34,7 @@ from google.protobuf.message import Message as ProtoMessage
 from storage import Message
 from streaming.stan_import.crypto import ChannelDecryptor, DecryptionError, LooksEncrypted
 from streaming.stan_import.framing import (
-    CASTAGNOLI,
     HEADER,
-    IEEE,
     INDEX_BODY,
     INDEX_ENTRY,
     VERSION,
@@ -49,6 +47,7 @@ from streaming.stan_import.framing import (
     check_version,
     index_entries,
     read_record,
+    records,
 )
 from streaming.stan_import.model import (
     RECORD_OVERHEAD,
@@ -142,48 +141,25 @@ class FileStoreReader:
                 ) from None
             fcntl.lockf(f, fcntl.LOCK_UN)
 
-    def _read(self, data: memoryview, offset: int, name: str, *, typed: bool, crc: Crc32 | None) -> Record | None:
-        """`read_record`, saying so when a checksum that fails is the Castagnoli polynomial's (a store
-        written with --file_crc_poly 0x82f63b78, imported without --crc_poly)."""
-        try:
-            return read_record(data, offset, path=name, typed=typed, crc=crc)
-        except DamagedRecordError as exc:
-            if crc is None or crc.poly != IEEE or "checksum" not in exc.why:
-                raise
-            try:
-                read_record(data, offset, path=name, typed=typed, crc=Crc32(CASTAGNOLI))
-            except StanFormatError:
-                raise exc from None
-            raise DamagedRecordError(
-                name,
-                offset,
-                f"{exc.why}: the checksums are CRC-32C (the server ran with --file_crc_poly "
-                f"0x{CASTAGNOLI:08x}): give --crc_poly 0x{CASTAGNOLI:08x}",
-            ) from None
-
     def _records(self, path: Path, data: memoryview, *, typed: bool) -> Iterator[Record]:
         """The records of a whole typed or untyped file; a torn last record ends it when allowed."""
         name = self._name(path)
         if len(data) == 0:
             self._note(f"{name}: empty file (not even its version word): read as holding nothing")
             return
-        check_version(bytes(data[: VERSION.size]), name)
-        offset = VERSION.size
-        while True:
-            try:
-                record = self._read(data, offset, name, typed=typed, crc=self._crc)
-            except TornRecordError as exc:
-                if not self.options.drop_partial_tail:
-                    raise
-                self._torn[name] = exc.offset
-                self._note(f"{name}: dropped the torn record at byte {exc.offset} ({exc.why})")
-                return
-            if record is None:
-                if offset < len(data):
-                    self._note(f"{name}: zero padding from byte {offset} on, ignored (as the server does)")
-                return
-            yield record
-            offset = record.end
+        end = VERSION.size
+        try:
+            for record in records(data, path=name, typed=typed, crc=self._crc):
+                yield record
+                end = record.end
+        except TornRecordError as exc:
+            if not self.options.drop_partial_tail:
+                raise
+            self._torn[name] = exc.offset
+            self._note(f"{name}: dropped the torn record at byte {exc.offset} ({exc.why})")
+            return
+        if end < len(data):
+            self._note(f"{name}: zero padding from byte {end} on, ignored (as the server does)")
 
     def _name(self, path: Path) -> str:
         return str(path.relative_to(self.root)) if path.is_relative_to(self.root) else str(path)
@@ -372,7 +348,7 @@ class FileStoreReader:
                 payload = data[start : start + size]
                 if start + size > end or (check is not None and check(payload) != stored):
                     with memoryview(data) as view:  # let go before the map closes, whatever is raised
-                        self._read(view, offset, name, typed=False, crc=crc)  # raises, saying what is wrong
+                        read_record(view, offset, path=name, typed=False, crc=crc)  # raises, saying what is wrong
                     raise DamagedRecordError(name, offset, f"a record runs past message {survey.last}")
                 try:
                     msg = parse(payload)

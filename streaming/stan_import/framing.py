@@ -120,17 +120,19 @@ def read_record(data: bytes | memoryview, offset: int, *, path: str, typed: bool
         raise TornRecordError(path, offset, f"the file ends {len(data) - start} bytes into a record of {size} bytes")
     payload = bytes(data[start : start + size])
     if crc is not None and crc(payload) != stored_crc:
-        raise DamagedRecordError(path, offset, f"checksum mismatch in a record of {size} bytes")
+        why = f"checksum mismatch in a record of {size} bytes"
+        if crc.poly == IEEE and Crc32(CASTAGNOLI)(payload) == stored_crc:  # the one other polynomial seen
+            why += f": the checksums are CRC-32C (the server ran with --file_crc_poly 0x{CASTAGNOLI:08x}): "
+            why += f"give --crc_poly 0x{CASTAGNOLI:08x}"
+        raise DamagedRecordError(path, offset, why)
     return Record(offset, kind, payload)
 
 
-def records(
-    data: bytes | memoryview, *, path: str, typed: bool, crc: Crc32 | None, start: int = VERSION.size
-) -> Iterator[Record]:
-    """Every record of a whole file from `start` (after its version word, checked), in order."""
-    if start == VERSION.size:
-        check_version(bytes(data[: VERSION.size]), path)
-    offset = start
+def records(data: bytes | memoryview, *, path: str, typed: bool, crc: Crc32 | None) -> Iterator[Record]:
+    """Every record of a whole file after its version word (checked), in order, up to its end or its
+    zero padding."""
+    check_version(bytes(data[: VERSION.size]), path)
+    offset = VERSION.size
     while True:
         record = read_record(data, offset, path=path, typed=typed, crc=crc)
         if record is None:

@@ -218,15 +218,13 @@ def _advice(store: StanStore, options: ImportOptions, report: Report) -> None:
             over.append(f"{channel.msgs} messages, over max_msgs {limits.max_msgs}")
         if limits.max_bytes and channel.bytes > limits.max_bytes:
             over.append(f"about {channel.bytes} bytes, over max_bytes {limits.max_bytes}")
-        if limits.max_age_s:
+        if limits.max_age_s and channel.msgs:
             over.append(f"messages older than max_age {limits.max_age_s:g} s will go")
         if over and options.retention is None:
             report.lines.append(
                 f"channel {channel.name!r}: {'; '.join(over)}: the server's limits will trim it when it runs "
                 "(set [limits] or [channels] in its config to keep more)"
             )
-    if store.server.ClusterID != "test-cluster":
-        report.lines.append(f"start the server with --cluster_id {store.server.ClusterID} (the store's cluster ID)")
     expected = f"_STAN.pub.{store.server.ClusterID}"
     if store.server.Publish and store.server.Publish != expected:
         report.lines.append(
