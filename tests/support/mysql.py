@@ -9,14 +9,13 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from tests.support.servers import free_port
+from tests.support.servers import connect_when_up, free_port
 
 
 def _available() -> bool:
@@ -66,15 +65,9 @@ def mysql_server(database: str, schema: str) -> Iterator[int]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                connection = pymysql.connect(host="127.0.0.1", port=port, user="root")
-                break
-            except pymysql.err.OperationalError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise
-                time.sleep(0.1)
+        connection = connect_when_up(
+            lambda: pymysql.connect(host="127.0.0.1", port=port, user="root"), server, pymysql.err.OperationalError
+        )
         with connection.cursor() as cursor:
             cursor.execute(f"CREATE DATABASE `{database}`")
             cursor.execute(f"USE `{database}`")

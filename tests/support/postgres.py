@@ -10,14 +10,13 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from tests.support.servers import free_port
+from tests.support.servers import connect_when_up, free_port
 
 
 def _binaries() -> Path | None:
@@ -79,16 +78,9 @@ def postgres_server(database: str, schema: str) -> Iterator[int]:
     try:
         import psycopg
 
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with psycopg.connect(f"postgresql://stan@127.0.0.1:{port}/postgres", autocommit=True) as conn:
-                    conn.execute(f'CREATE DATABASE "{database}"')
-                break
-            except psycopg.OperationalError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise
-                time.sleep(0.1)
+        url = f"postgresql://stan@127.0.0.1:{port}/postgres"
+        with connect_when_up(lambda: psycopg.connect(url, autocommit=True), server, psycopg.OperationalError) as conn:
+            conn.execute(f'CREATE DATABASE "{database}"')
         with psycopg.connect(f"postgresql://stan@127.0.0.1:{port}/{database}", autocommit=True) as conn:
             conn.execute(schema.encode())
         yield port

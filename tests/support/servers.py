@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import attrs
@@ -24,6 +24,8 @@ from streaming.config import ServerConfig
 from streaming.running import Running
 from streaming.server import serve
 from streaming.wire import nats as p
+
+T = TypeVar("T")
 
 # Short heartbeats and millisecond AckWaits keep end-to-end tests fast.
 FAST: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "allow_ms_ack_wait": True, "recovery_hold": 3.0}
@@ -190,6 +192,21 @@ def command(entry: str, *args: str, stdin: str = "", timeout: float = 120) -> su
         check=False,
         cwd=Path(__file__).resolve().parents[2],
     )
+
+
+def connect_when_up(
+    connect: Callable[[], T], server: subprocess.Popen[Any], refused: type[Exception], timeout: float = 30.0
+) -> T:
+    """`connect()` once the server just started takes it: tried again while it raises `refused`, until
+    the server exits or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return connect()
+        except refused:
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise
+            time.sleep(0.1)
 
 
 def wait_for(predicate: Any, timeout: float = 10.0) -> None:
