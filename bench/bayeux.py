@@ -1,29 +1,34 @@
-"""Bayeux (CometD) delivery: ours (ack extension on, durable log, fsync per commit) vs Faye, same run.
+"""Bayeux (CometD) delivery: ours (ack extension on, durable log, fsync per commit) vs Faye, same run,
+over long-polling and over WebSocket.
 
     python bench/bayeux.py [--quick] [--json] [--runs N] [--rate R]
 
 Both servers are driven by the same real client, `cometd@9` + `cometd-nodejs-client@2` under Node
-with AckExtension registered (`bench/node/bayeux_clients.mjs`): one subscriber, one publisher, both
-long-polling on loopback.
-- throughput: the publisher sends N messages (~130 bytes of JSON) in batches of 100 per request
-  (`cometd.batch`), each batch once the last is answered; msgs/s = N / (last delivery - start).
+with AckExtension registered (`bench/node/bayeux_clients.mjs`): one subscriber, one publisher, on
+loopback, both over long-polling, then both over WebSocket (the client checks it got the transport
+asked for: no silent fallback).
+- warm-up: before each timed run the publisher sends `warmup` messages that are not counted, and the
+  timed run starts once the subscriber has them all (both sides' code paths warm);
+- throughput: the publisher sends N messages (~130 bytes of JSON) in batches of 100 per request or
+  frame (`cometd.batch`), each batch once the last is answered; msgs/s = N / (last delivery - start).
 - latency: the publisher sends one message per request at a fixed rate (`--rate`, default 200/s),
   stamped with its send time; latency = arrival at the subscriber - send, same process clock.
 Ours: `streaming-server --http_api_port` (a publish is answered after its commit, every message in
 the durable log, the subscriber acknowledging batches). Faye 1.4 (npm `faye`, `bench/node/faye_server.js`):
-a Node Bayeux server that keeps nothing on disk and has no acks. Each figure is the median of
-`--runs` runs, the two servers alternating. Full: 50,000 messages and 4,000 at the rate, 3 runs;
-quick: 10,000 and 1,000, one run (under a minute).
+a Node Bayeux server that keeps nothing on disk and has no acks. Each server is fresh for each run.
+Runs go in rounds: each round runs every system once per transport and mode, who goes first
+alternating between rounds; each figure is the median over rounds, and the ratio of each round is
+printed too (how steady the comparison is). Full: 50,000 messages and 4,000 at the rate, 5 rounds;
+quick: 20,000 and 1,000, 3 rounds (about two minutes).
 
-The floor (`bench/bayeux_floor.py`, throughput only): a Bayeux server on our HTTP stack (hypercorn's
-Trio worker and Starlette) that does what Faye does and nothing more: in memory, no acks, no checks.
-It bounds what any server on that stack reaches with this client: `floor_ratio_vs_faye` says whether
-the stack can match Faye at all, `throughput_ratio_vs_floor` how much of it our own work leaves.
+The floor (`bench/bayeux_floor.py`, long-polling throughput only): a Bayeux server on our HTTP stack
+(hypercorn's Trio worker and Starlette) that does what Faye does and nothing more: in memory, no
+acks, no checks. It bounds what any server on that stack reaches with this client over long-polling.
 
-JSON keys: `<system>_msgs_per_s`, `<system>_cpu_us_per_msg` (the server process's CPU over the
-throughput run, per message), `<system>_p50_ms`, `<system>_p99_ms` (ours and Faye),
-`throughput_ratio_vs_faye` (target >= 1.0), `p99_ratio_vs_faye` (target <= 1.5), `floor_ratio_vs_faye`,
-`throughput_ratio_vs_floor`.
+JSON keys: `<system>[_ws]_msgs_per_s`, `<system>[_ws]_cpu_us_per_msg` (the server process's CPU over
+the throughput run, per message), `<system>[_ws]_p50_ms`, `<system>[_ws]_p99_ms` (ours and Faye),
+`[ws_]throughput_ratio_vs_faye` (target >= 1.0), `[ws_]p99_ratio_vs_faye` (target <= 1.5), with
+`..._rounds` lists of the per-round ratios, `floor_ratio_vs_faye`, `throughput_ratio_vs_floor`.
 """
 
 from __future__ import annotations
@@ -44,8 +49,12 @@ from bench.node_clients import NODE_DIR, ServerCpu, drive  # noqa: E402
 from bench.report import arguments, machine, print_report, progress  # noqa: E402
 
 BATCH = 100
+TRANSPORTS = ("long-polling", "websocket")
 SYSTEMS = ("ours", "faye", "floor")
 LATENCY_SYSTEMS = ("ours", "faye")  # the floor's throughput bounds ours; its latency says nothing
+WS_SYSTEMS = ("ours", "faye")  # the floor speaks long-polling only
+_SUFFIX = {"long-polling": "", "websocket": "_ws"}  # in figures' keys: ours_ws_msgs_per_s
+_RATIO = {"long-polling": "", "websocket": "ws_"}  # in ratios' keys: ws_throughput_ratio_vs_faye
 
 
 def server(system: str) -> AbstractContextManager[peers.Server]:
@@ -57,55 +66,95 @@ def server(system: str) -> AbstractContextManager[peers.Server]:
     return peers.http_server("faye", ["node", str(NODE_DIR / "faye_server.js"), "{port}"])
 
 
-def run_client(system: str, mode: str, count: int, knob: int) -> dict[str, Any]:
+def run_client(system: str, transport: str, mode: str, count: int, knob: int, warmup: int) -> dict[str, Any]:
     with server(system) as srv:
         cpu = ServerCpu(srv.pid)
         url = f"http://127.0.0.1:{srv.port}/cometd"
-        argv = ["node", str(NODE_DIR / "bayeux_clients.mjs"), url, mode, str(count), str(knob)]
+        argv = ["node", str(NODE_DIR / "bayeux_clients.mjs"), url, mode, str(count), str(knob), transport, str(warmup)]
         result = drive(argv, cpu, "ready")
         if not result.get("ok"):
-            raise SystemExit(f"{system} {mode}: {result.get('error')}")
+            raise SystemExit(f"{system} {transport} {mode}: {result.get('error')}")
         result["cpu_us_per_msg"] = cpu.seconds / count * 1e6
         return result
 
 
+def plan(runs: int) -> list[tuple[str, str, str]]:
+    """(transport, mode, system) in the order they run: every round runs each once, and the systems
+    alternate inside it, so a slow spell of the machine falls on all of them."""
+    order: list[tuple[str, str, str]] = []
+    for round_ in range(runs):
+        for transport in TRANSPORTS:
+            for mode in ("throughput", "latency"):
+                systems: tuple[str, ...] = LATENCY_SYSTEMS
+                if transport == "long-polling" and mode == "throughput":
+                    systems = SYSTEMS
+                # Who goes first alternates between rounds.
+                systems = systems if round_ % 2 == 0 else tuple(reversed(systems))
+                order += [(transport, mode, system) for system in systems]
+    return order
+
+
 def main() -> None:
-    parser = arguments(__doc__, quick="10,000 messages and 1,000 at the rate, one run (under a minute)")
-    parser.add_argument("--runs", type=int, help="runs per system and mode (default 3, quick 1)")
+    parser = arguments(
+        __doc__, quick="20,000 messages and 1,000 at the rate after a warm-up, 3 alternating rounds (about 2 minutes)"
+    )
+    parser.add_argument("--runs", type=int, help="rounds (default 5, quick 3)")
     parser.add_argument("--rate", type=int, default=200, help="messages/s in the latency run (default 200)")
     args = parser.parse_args()
     if not (NODE_DIR / "node_modules" / "faye").exists():
         raise SystemExit("the Node clients are not installed: npm ci --prefix bench/node")
     console = Console(stderr=args.json)
-    count, timed = (10_000, 1_000) if args.quick else (50_000, 4_000)
-    runs = args.runs or (1 if args.quick else 3)
+    count, timed, warmup = (20_000, 1_000, 2_000) if args.quick else (50_000, 4_000, 5_000)
+    runs = args.runs or (3 if args.quick else 5)
     result: dict[str, Any] = {"scale": "quick" if args.quick else "full", "machine": machine(), "runs": runs}
-    result.update({"messages": count, "latency_messages": timed, "rate": args.rate, "batch": BATCH})
-    samples: dict[str, list[dict[str, Any]]] = {f"{s}_{m}": [] for s in SYSTEMS for m in ("throughput", "latency")}
+    result.update({"messages": count, "latency_messages": timed, "rate": args.rate, "batch": BATCH, "warmup": warmup})
+    samples: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    order = plan(runs)
     with progress(console) as bar:
-        task = bar.add_task("runs", total=runs * 5)
-        for _ in range(runs):
-            for mode, size, knob in (("throughput", count, BATCH), ("latency", timed, args.rate)):
-                for system in SYSTEMS if mode == "throughput" else LATENCY_SYSTEMS:
-                    bar.update(task, description=f"{system}: {mode}")
-                    samples[f"{system}_{mode}"].append(run_client(system, mode, size, knob))
-                    bar.advance(task)
-    for system in SYSTEMS:
-        through, latency = samples[f"{system}_throughput"], samples[f"{system}_latency"]
-        result[f"{system}_msgs_per_s"] = round(statistics.median(r["msgs_per_s"] for r in through))
-        result[f"{system}_cpu_us_per_msg"] = round(statistics.median(r["cpu_us_per_msg"] for r in through), 2)
-        if not latency:
-            continue
-        result[f"{system}_p50_ms"] = round(statistics.median(r["p50_ms"] for r in latency), 2)
-        result[f"{system}_p99_ms"] = round(statistics.median(r["p99_ms"] for r in latency), 2)
-        result[f"{system}_latency_msgs_per_s"] = round(statistics.median(r["msgs_per_s"] for r in latency))
-    result["throughput_ratio_vs_faye"] = round(result["ours_msgs_per_s"] / result["faye_msgs_per_s"], 3)
-    result["p99_ratio_vs_faye"] = round(result["ours_p99_ms"] / result["faye_p99_ms"], 3)
+        task = bar.add_task("runs", total=len(order))
+        for transport, mode, system in order:
+            bar.update(task, description=f"{system} {transport}: {mode}")
+            size, knob = (count, BATCH) if mode == "throughput" else (timed, args.rate)
+            samples.setdefault((transport, mode, system), []).append(
+                run_client(system, transport, mode, size, knob, warmup)
+            )
+            bar.advance(task)
+    rows: list[tuple[str, str, str]] = []
+    for transport in TRANSPORTS:
+        x = _SUFFIX[transport]
+        for system in SYSTEMS:
+            through = samples.get((transport, "throughput", system), [])
+            if not through:
+                continue
+            result[f"{system}{x}_msgs_per_s"] = round(statistics.median(r["msgs_per_s"] for r in through))
+            result[f"{system}{x}_cpu_us_per_msg"] = round(statistics.median(r["cpu_us_per_msg"] for r in through), 2)
+            latency = samples.get((transport, "latency", system), [])
+            if latency:
+                result[f"{system}{x}_p50_ms"] = round(statistics.median(r["p50_ms"] for r in latency), 2)
+                result[f"{system}{x}_p99_ms"] = round(statistics.median(r["p99_ms"] for r in latency), 2)
+        # Steadiness: the ratio in each round (ours against Faye of the same round), then its spread.
+        ours, faye = samples[(transport, "throughput", "ours")], samples[(transport, "throughput", "faye")]
+        ours_lat, faye_lat = samples[(transport, "latency", "ours")], samples[(transport, "latency", "faye")]
+        ratio = _RATIO[transport]
+        through = result[f"ours{x}_msgs_per_s"] / result[f"faye{x}_msgs_per_s"]
+        result[f"{ratio}throughput_ratio_vs_faye"] = round(through, 3)
+        result[f"{ratio}throughput_ratio_rounds"] = [
+            round(o["msgs_per_s"] / f["msgs_per_s"], 3) for o, f in zip(ours, faye, strict=True)
+        ]
+        result[f"{ratio}p99_ratio_vs_faye"] = round(result[f"ours{x}_p99_ms"] / result[f"faye{x}_p99_ms"], 3)
+        result[f"{ratio}p99_ratio_rounds"] = [
+            round(o["p99_ms"] / f["p99_ms"], 3) for o, f in zip(ours_lat, faye_lat, strict=True)
+        ]
     result["floor_ratio_vs_faye"] = round(result["floor_msgs_per_s"] / result["faye_msgs_per_s"], 3)
     result["throughput_ratio_vs_floor"] = round(result["ours_msgs_per_s"] / result["floor_msgs_per_s"], 3)
-    rows = [(k, f"{v:,}" if isinstance(v, int) else f"{v}", "") for k, v in result.items() if k.startswith(SYSTEMS)]
-    rows.append(("throughput_ratio_vs_faye", f"{result['throughput_ratio_vs_faye']}", ">= 1.0"))
-    rows.append(("p99_ratio_vs_faye", f"{result['p99_ratio_vs_faye']}", "<= 1.5"))
+    for key, value in result.items():
+        if key.startswith(SYSTEMS):
+            rows.append((key, f"{value:,}" if isinstance(value, int) else f"{value}", ""))
+    for prefix, name in (("", "long-polling"), ("ws_", "WebSocket")):
+        rows.append((f"{prefix}throughput_ratio_vs_faye", f"{result[prefix + 'throughput_ratio_vs_faye']}", ">= 1.0"))
+        rows.append((f"  per round ({name})", ", ".join(map(str, result[prefix + "throughput_ratio_rounds"])), ""))
+        rows.append((f"{prefix}p99_ratio_vs_faye", f"{result[prefix + 'p99_ratio_vs_faye']}", "<= 1.5"))
+        rows.append((f"  per round ({name})", ", ".join(map(str, result[prefix + "p99_ratio_rounds"])), ""))
     rows.append(("throughput_ratio_vs_floor", f"{result['throughput_ratio_vs_floor']}", ""))
     title = f"Bayeux with the CometD client: {count:,} messages, latency at {args.rate}/s ({result['scale']})"
     print_report(console, title, rows, result, args.json)

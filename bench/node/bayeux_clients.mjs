@@ -1,21 +1,24 @@
 // The real CometD client (cometd 9 + cometd-nodejs-client, AckExtension registered) for bench/bayeux.py:
-// one subscriber, one publisher, both long-polling.
-// Usage: node bayeux_clients.mjs <url> throughput <count> <batch>   (publishes in batches of <batch> per request)
-//        node bayeux_clients.mjs <url> latency <count> <rate>       (one publish every 1/rate s)
-// Prints "ready" once subscribed, then one JSON line: {"ok": true, ...}.
+// one subscriber, one publisher, both over <transport> (long-polling or websocket).
+// Usage: node bayeux_clients.mjs <url> throughput <count> <batch> [transport] [warmup]   (batches of <batch>)
+//        node bayeux_clients.mjs <url> latency <count> <rate> [transport] [warmup]      (one every 1/rate s)
+// First <warmup> messages go through untimed (both sides' code warm), then the timed run.
+// Prints "ready" once subscribed and warmed up, then one JSON line: {"ok": true, ...}.
 import { adapt } from "cometd-nodejs-client";
 import { CometD, AckExtension } from "cometd";
 
-const [url, mode, countText, knobText] = process.argv.slice(2);
+const [url, mode, countText, knobText, transportText, warmupText] = process.argv.slice(2);
 const count = Number(countText);
 const knob = Number(knobText);
+const websocket = transportText === "websocket";
+const warmup = Number(warmupText || 0);
 const CHANNEL = "/bench/a";
 const FILLER = "x".repeat(100);
 
 adapt();
 function client() {
   const cometd = new CometD();
-  cometd.websocketEnabled = false;
+  cometd.websocketEnabled = websocket;
   cometd.registerExtension("ack", new AckExtension());
   cometd.configure({ url, maxNetworkDelay: 30000, appendMessageTypeToURL: false });
   return cometd;
@@ -32,19 +35,41 @@ const sub = client();
 const pub = client();
 const latencies = [];
 let received = 0;
+let warm = 0;
 let first = 0;
 let done;
+let warmed;
 const finished = new Promise((resolve) => { done = resolve; });
+const warmedUp = new Promise((resolve) => { warmed = resolve; });
 await handshake(sub);
 await new Promise((resolve, reject) =>
   sub.subscribe(CHANNEL, (m) => {
     const now = performance.now();
+    if (m.data.warmup) {
+      warm += 1;
+      if (warm === warmup) warmed();
+      return;
+    }
     if (received === 0) first = now;
     received += 1;
     if (mode === "latency") latencies.push(now - m.data.t);
     if (received === count) done(now);
   }, (reply) => (reply.successful ? resolve() : reject(new Error(JSON.stringify(reply))))));
 await handshake(pub);
+if (warmup > 0) {
+  for (let i = 0; i < warmup; i += 100) {
+    const replies = [];
+    pub.batch(() => {
+      for (let k = 0; k < Math.min(100, warmup - i); k++) {
+        replies.push(new Promise((resolve) => pub.publish(CHANNEL, { warmup: true, f: FILLER }, resolve)));
+      }
+    });
+    await Promise.all(replies);
+  }
+  await warmedUp;
+}
+const transports = [sub.getTransport().type, pub.getTransport().type];
+if (transports.some((t) => t !== (websocket ? "websocket" : "long-polling"))) fail(`transports: ${transports}`);
 console.log("ready");
 
 const started = performance.now();
