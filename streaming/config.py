@@ -19,6 +19,7 @@ from cattrs.v import format_exception
 
 from storage import VERIFY_MODES, ChannelLimits, StoreLimits
 from streaming.security.auth import Authenticator, User
+from streaming.security.origins import OriginError, Origins
 from streaming.security.permissions import Permissions, Rule
 from streaming.security.tls import TlsFiles
 from streaming.stan.partitions import parse_hash_partition
@@ -223,6 +224,9 @@ class ServerConfig:
     http_api_port: int = 0
     http_api_host: str = ""  # empty: the same as `host`
     http_api_max_body: Size = Size(1024 * 1024)  # larger request bodies are refused (413)
+    # Pages of these origins may call it (CORS) and open its WebSockets; ["*"]: any page, no credentials.
+    http_api_allow_origins: list[str] = attrs.Factory(list)
+    http_api_ws_compression: bool = False  # accept permessage-deflate on WebSocket upgrades
     bayeux_path: str = "/cometd"
     bayeux_timeout: Duration = Duration(30.0)  # longest a /meta/connect with nothing to deliver is held
     bayeux_interval: Duration = Duration(0.0)  # the pause advised between a connect reply and the next
@@ -245,6 +249,10 @@ class ServerConfig:
             raise ConfigError("bayeux_timeout and bayeux_max_interval must be positive, bayeux_interval >= 0")
         if self.bayeux_max_unacked <= 0 or self.http_api_max_body <= 0:
             raise ConfigError("bayeux_max_unacked and http_api_max_body must be positive")
+        try:
+            Origins.parse(self.http_api_allow_origins)
+        except OriginError as exc:
+            raise ConfigError(f"http_api_allow_origins: {exc}") from None
         if self.pull_ack_replay not in ("204", "405"):
             raise ConfigError(f"pull_ack_replay: expected '204' or '405', got {self.pull_ack_replay!r}")
         if self.pull_max_wait < 0 or self.pull_tombstone_ttl < 0 or self.pull_ack_replay_window < 0:
@@ -321,6 +329,10 @@ class ServerConfig:
         if self.user:
             users.append(User(self.user, self.password))
         return Authenticator(self.auth_token, users)
+
+    def allowed_origins(self) -> Origins:
+        """The pages that may use the HTTP client port (checked when the configuration is made)."""
+        return Origins.parse(self.http_api_allow_origins)
 
     def tls_files(self) -> TlsFiles | None:
         """The certificate files of the listeners, or None: no TLS."""

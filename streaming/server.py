@@ -27,7 +27,7 @@ from streaming.core.door_api import DoorApi
 from streaming.core.observers import Fanout
 from streaming.core.service import Core
 from streaming.core.store_calls import call_store
-from streaming.http_listener import serve_asgi
+from streaming.http_listener import serve_asgi, set_websocket_compression
 from streaming.nats.broker import Broker, BrokerConfig
 from streaming.nats.bus import Bus
 from streaming.nats.link import LinkOptions, NatsLink
@@ -246,15 +246,27 @@ async def serve_http_api(
 ) -> None:
     """The client-facing HTTP listener: the Bayeux endpoint and the pull API in one Starlette app."""
     auth = config.authenticator()  # the NATS port's users and permissions, when it has any
-    bayeux_app = BayeuxApp(bayeux, path=config.bayeux_path, max_body_bytes=config.http_api_max_body, auth=auth)
+    set_websocket_compression(config.http_api_ws_compression)
+    origins = config.allowed_origins()
+    bayeux_app = BayeuxApp(
+        bayeux, path=config.bayeux_path, max_body_bytes=config.http_api_max_body, auth=auth, origins=origins
+    )
     app = Starlette(
         routes=[*bayeux_app.routes, *PullApp(pull, max_payload=config.max_payload, auth=auth).routes],
-        middleware=http_auth.middleware(auth),
+        # CORS outermost: a preflight carries no credentials, and a refusal must be readable by the page.
+        middleware=[*origins.middleware(), *http_auth.middleware(auth)],
     )
     host, port = config.http_api_host or config.host, max(config.http_api_port, 0)
     # Connections stay open longer than a held connect or pull, so a client's next request reuses its own.
     serve = partial(
-        serve_asgi, app, host, port, log_name="streaming.http_api.server", keep_alive_s=75.0, tls=config.tls_files()
+        serve_asgi,
+        app,
+        host,
+        port,
+        log_name="streaming.http_api.server",
+        keep_alive_s=75.0,
+        tls=config.tls_files(),
+        max_frame_bytes=config.http_api_max_body,
     )
     async with trio.open_nursery() as nursery:
         bound: int = await nursery.start(serve)

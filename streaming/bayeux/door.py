@@ -11,8 +11,12 @@ It is an adapter on the delivery core like the STAN door:
 - the engine delivers to the door's outbound port (inboxes under `_BAYEUX.`), which queues the
   message in its session and wakes the session's held connect;
 - the acknowledgements a connect carries are engine acks, one span per request (one state write).
-Sessions live in memory: after a restart (or expiry, or disconnect) a client handshakes again, and
-its subscriptions start at new messages, as with CometD.
+- a `/meta/subscribe` with `ext.durable: NAME` opens (or resumes) a durable engine subscription for
+  the engine client `bayeux:d:NAME` instead: when the session ends (disconnect, expiry, a restart)
+  the durable keeps its position and its unacknowledged messages, and the next session that
+  subscribes with that name gets those first (the engine redelivers them on resume), then new ones.
+Sessions live in memory: after a restart (or expiry, or disconnect) a client handshakes again; its
+plain subscriptions start at new messages, as with CometD, and its durables go on where they were.
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ log = logging.getLogger(__name__)
 
 INBOX_PREFIX = "_BAYEUX."
 _ENGINE_CLIENT = "bayeux:"  # STAN client IDs cannot hold ':', so no STAN client can act for a session
+_DURABLE_CLIENT = "bayeux:d:"  # + the durable name: the engine client a durable belongs to across sessions
 # Longer than a session can sensibly live: batches, not timers, redeliver to Bayeux subscribers (and
-# the door drops an engine redelivery, should one ever come, so nothing is queued twice).
+# the door drops an engine redelivery of a message still queued, so nothing is queued twice).
 _ACK_WAIT_MS = 2**31 - 1
 _META_UNKNOWN = "400::channel_unknown"
 
@@ -56,6 +61,7 @@ class BayeuxStatistics:
     delivered_messages: int  # messages written into connect replies, resends included
     resent_messages: int
     published_messages: int
+    websockets: int  # open WebSocket connections
 
 
 class _Hold:
@@ -70,7 +76,7 @@ class _Hold:
 
 
 class _Live:
-    __slots__ = ("engine_client", "hold", "public_id", "session")
+    __slots__ = ("durable_clients", "durable_subs", "engine_client", "hold", "public_id", "session")
 
     def __init__(self, session: bx.Session) -> None:
         self.session = session
@@ -79,6 +85,8 @@ class _Live:
         self.public_id = secrets.token_hex(8)
         self.engine_client = _ENGINE_CLIENT + self.public_id
         self.hold: _Hold | None = None
+        self.durable_clients: set[str] = set()  # the durables' engine clients this session holds
+        self.durable_subs: set[int] = set()  # its subscriptions that are durables
 
 
 class _Staged:
@@ -91,6 +99,19 @@ class _Staged:
         self.answers: list[tuple[int, dict[str, Any]]] = []  # (index in the request's answer, message)
 
 
+class Answer:
+    """A request's answer before its publishes are committed: the replies in order (a publish's
+    success stands in its place), and the tickets that settle them."""
+
+    __slots__ = ("parts", "tickets")
+
+    def __init__(
+        self, parts: list[dict[str, Any] | bytes], tickets: list[tuple[Ticket, list[tuple[int, dict[str, Any]]]]]
+    ) -> None:
+        self.parts = parts
+        self.tickets = tickets
+
+
 class BayeuxDoor:
     def __init__(self, core: DoorApi, settings: bx.BayeuxSettings) -> None:
         self.core = core
@@ -98,8 +119,10 @@ class BayeuxDoor:
         self._sessions: dict[str, _Live] = {}
         # engine sub id -> its session, and its Bayeux channel as JSON
         self._by_sub: dict[int, tuple[_Live, bytes]] = {}
+        self._durable_holders: dict[str, _Live] = {}  # a durable's engine client -> the session holding it
         self._next = 0
         self._handshakes = self._expired = self._batches = self._delivered = self._resent = self._published = 0
+        self.websockets = 0  # kept by the WebSocket endpoint
         core.add_door(self, INBOX_PREFIX)
 
     def statistics(self) -> BayeuxStatistics:
@@ -113,6 +136,7 @@ class BayeuxDoor:
             delivered_messages=self._delivered,
             resent_messages=self._resent,
             published_messages=self._published,
+            websockets=self.websockets,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -134,6 +158,12 @@ class BayeuxDoor:
         """Answer one request's messages, in order: replies, and deliveries already encoded (first in
         a connect's answer). Publishes are answered once the last of them is committed. `permissions`:
         the channels the request's user may publish and subscribe to (None: all)."""
+        return await self.finish(await self.begin(messages, permissions))
+
+    async def begin(self, messages: list[Any], permissions: Compiled | None = None) -> Answer:
+        """The first half of `handle`: every message acted on, its publishes handed to the group
+        commit, in order. A WebSocket reads its next frame once this returns, and `finish`es the
+        answer meanwhile, so a client's frames reach the log in the order it sent them."""
         await self.core.wait_ready()
         out: list[dict[str, Any] | bytes] = []
         staged = _Staged()  # publishes not yet handed over: one run each time, before any await
@@ -175,7 +205,12 @@ class BayeuxDoor:
                 out.append(self._stage(message, len(out), permissions, staged))
         if staged.publishes:
             tickets.append(await self._submit(staged))
-        for ticket, answers in tickets:
+        return Answer(out, tickets)
+
+    async def finish(self, answer: Answer) -> list[dict[str, Any] | bytes]:
+        """The answer `begin` started, once its publishes are committed (or refused)."""
+        out = answer.parts
+        for ticket, answers in answer.tickets:
             for (index, message), outcome in zip(answers, await ticket.outcomes(), strict=True):
                 if isinstance(outcome, Exception):
                     out[index] = bx.error(message, _publish_error(outcome))
@@ -256,9 +291,14 @@ class BayeuxDoor:
         core = self.core
         for sub_id in session.subscriptions.values():
             self._by_sub.pop(sub_id, None)
-            core.unsubscribe(sub_id)
+            core.unsubscribe(sub_id, close=sub_id in live.durable_subs)  # a durable keeps its position
         session.subscriptions.clear()
-        session.unacked.clear()
+        session.clear()
+        for client in live.durable_clients:
+            self._durable_holders.pop(client, None)
+            core.detach_client(client)
+        live.durable_clients.clear()
+        live.durable_subs.clear()
         core.detach_client(live.engine_client)
 
     async def _subscribe(self, live: _Live, message: dict[str, Any], permissions: Compiled | None) -> dict[str, Any]:
@@ -271,6 +311,15 @@ class BayeuxDoor:
                 return bx.error(message, bx.SUBSCRIBE_FAILED, subscription=subscription)
             if isinstance(self.core.refusal(channels.to_engine(name), "subscribe", permissions), NotPermitted):
                 return bx.error(message, bx.SUBSCRIBE_DENIED, subscription=subscription)
+        durable = bx.durable_of(message)
+        if isinstance(durable, dict):
+            return durable
+        engine_client = live.engine_client
+        if durable is not None:
+            engine_client = _DURABLE_CLIENT + durable
+            holder = self._durable_holders.get(engine_client)
+            if holder is not None and holder is not live:
+                return bx.error(message, bx.DURABLE_IN_USE, subscription=subscription)
         session = live.session
         for name in names:
             if name in session.subscriptions:
@@ -279,20 +328,31 @@ class BayeuxDoor:
             self._next += 1
             inbox = f"{INBOX_PREFIX}{live.public_id}.{self._next}"
             request = SubscribeRequest(
-                client_id=live.engine_client,
+                client_id=engine_client,
                 channel=engine_channel,
                 inbox=inbox,
                 ack_inbox=inbox + ".acks",  # no broker subscription reaches it: only this door acks
                 ack_wait_ms=_ACK_WAIT_MS,
                 max_inflight=self.settings.max_unacked,
+                durable_name=durable or "",
             )
             try:
                 await self.core.ensure_channel(engine_channel)
                 if self._sessions.get(session.client_id) is not live:
                     return bx.session_unknown(message)  # it ended while the channel was made
+                if durable is not None:
+                    holder = self._durable_holders.get(engine_client)
+                    if holder is not None and holder is not live:  # taken while the channel was made
+                        return bx.error(message, bx.DURABLE_IN_USE, subscription=subscription)
+                    if holder is None:
+                        self.core.attach_client(engine_client)
+                        self._durable_holders[engine_client] = live
+                        live.durable_clients.add(engine_client)
 
                 def answer(sub_id: int, name: str = name) -> None:
                     session.subscriptions[name] = sub_id
+                    if durable is not None:
+                        live.durable_subs.add(sub_id)
                     self._by_sub[sub_id] = (live, json.dumps(name, ensure_ascii=False).encode())
 
                 self.core.subscribe(request, answer)
@@ -311,7 +371,8 @@ class BayeuxDoor:
         for name in names:
             sub_id = session.subscriptions.pop(name)
             self._by_sub.pop(sub_id, None)
-            self.core.unsubscribe(sub_id)
+            live.durable_subs.discard(sub_id)
+            self.core.unsubscribe(sub_id)  # a durable too: unsubscribing ends it, as for STAN
         return bx.reply(message, successful=True, subscription=message["subscription"])
 
     def _stage(
@@ -350,12 +411,15 @@ class BayeuxDoor:
         encode = bx.delivery
         for d in deliveries:
             owner = by_sub.get(d.sub_id)
-            if owner is None or d.attempt > 1:
+            if owner is None:
                 continue
             live, channel_json = owner
             m = d.message
             message = encode(channel_json, f"{d.sub_id}x{m.seq}", m.seq, m.timestamp_unix_ns, m.data)
-            live.session.queue(message, d.sub_id, m.seq)
+            # A redelivery (a resumed or recovered durable's pending) is queued unless it still is:
+            # batches, not the engine's timer, send a queued message again.
+            if not live.session.queue(message, d.sub_id, m.seq):
+                continue
             if live.hold is not None:
                 woken.append(live)
         for live in woken:

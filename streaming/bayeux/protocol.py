@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 import secrets
 from collections import deque
 from typing import Any, Final
@@ -39,9 +40,12 @@ SUBSCRIBE_DENIED: Final = "403::subscribe_denied"  # the user's permissions do n
 PUBLISH_DENIED: Final = "403::publish_denied"
 CONNECTION_TYPE_UNSUPPORTED: Final = "409::connection_type_unsupported"
 HANDSHAKE_ALONE: Final = "400::handshake_must_be_alone"
+DURABLE_INVALID: Final = "400::durable_invalid"  # `ext.durable` is not a name
+DURABLE_IN_USE: Final = "409::durable_in_use"  # another session holds the durable
+_DURABLE_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 VERSION: Final = "1.0"
-CONNECTION_TYPES: Final = ["long-polling"]
+CONNECTION_TYPES: Final = ["websocket", "long-polling"]
 
 
 class BadBody(Exception):
@@ -80,13 +84,25 @@ class Session:
         self.ack_enabled = ack_enabled
         self.next_batch = 1  # the open batch
         self.unacked: deque[Entry] = deque()
+        self._queued: set[tuple[int, int]] = set()  # (sub_id, seq) of every entry in `unacked`
         self.connected = False  # a first connect was answered
         self.expires_at = expires_at  # inf while a connect is held
         self.subscriptions: dict[str, int] = {}
 
-    def queue(self, message: bytes, sub_id: int, seq: int) -> None:
-        """A delivery routed to the session, tagged with the open batch."""
+    def queue(self, message: bytes, sub_id: int, seq: int) -> bool:
+        """A delivery routed to the session, tagged with the open batch; False (and nothing queued)
+        when that message of that subscription is queued already."""
+        key = (sub_id, seq)
+        if key in self._queued:
+            return False
+        self._queued.add(key)
         self.unacked.append(Entry(self.next_batch, message, sub_id, seq))
+        return True
+
+    def clear(self) -> None:
+        """The session ends: its queue goes (nothing in it is acknowledged)."""
+        self.unacked.clear()
+        self._queued.clear()
 
     def has_to_send(self) -> bool:
         return bool(self.unacked)
@@ -98,9 +114,11 @@ class Session:
             return []
         upto = min(int(ack), self.next_batch - 1)
         acked: list[Entry] = []
-        unacked = self.unacked
+        unacked, queued = self.unacked, self._queued
         while unacked and unacked[0].tag <= upto:
-            acked.append(unacked.popleft())
+            entry = unacked.popleft()
+            queued.discard((entry.sub_id, entry.seq))
+            acked.append(entry)
         return acked
 
     def close_batch(self) -> tuple[int | None, list[Entry], int]:
@@ -113,7 +131,7 @@ class Session:
             resent += entry.sent
             entry.sent = True
         if not self.ack_enabled:
-            self.unacked.clear()
+            self.clear()
             return None, entries, 0
         batch = self.next_batch
         self.next_batch += 1
@@ -236,6 +254,18 @@ def subscriptions_of(message: dict[str, Any]) -> list[str] | dict[str, Any]:
     if not isinstance(names, list) or not names or not all(channels.valid(n) for n in names):
         return error(message, SUBSCRIPTION_INVALID, subscription=value)
     return names
+
+
+def durable_of(message: dict[str, Any]) -> str | dict[str, Any] | None:
+    """The durable name a subscribe asks for in `ext.durable` (None: a plain subscription), or its
+    error reply."""
+    ext = message.get("ext")
+    name = ext.get("durable") if isinstance(ext, dict) else None
+    if name is None:
+        return None
+    if not isinstance(name, str) or not _DURABLE_NAME.fullmatch(name):
+        return error(message, DURABLE_INVALID, subscription=message.get("subscription"))
+    return name
 
 
 def encode_data(data: Any) -> bytes:

@@ -160,6 +160,19 @@ def _server_parser() -> argparse.ArgumentParser:
     api("--http_api_port", type=int, help="port for HTTP clients: Bayeux and the pull API (default 0 = off, -1 = any)")
     api("--http_api_host", help="interface for HTTP clients (default: the same as -a/--addr)")
     api("--http_api_max_body", type=size, help="refuse larger HTTP request bodies with 413 (default 1MiB)")
+    api(
+        "--http_api_allow_origins",
+        type=_origins,
+        metavar="ORIGINS",
+        help="comma-separated origins whose pages may call the HTTP API and open its WebSockets, "
+        "e.g. https://app.example.com (default none; * = any page, without credentials)",
+    )
+    api(
+        "--http_api_ws_compression",
+        type=flag(parse_bool),
+        metavar="BOOL",
+        help="compress WebSocket frames when the client offers permessage-deflate (default false)",
+    )
     api("--bayeux_path", help="URL path of the Bayeux endpoint (default /cometd)")
     api("--bayeux_timeout", type=dur, help="longest a /meta/connect is held with nothing to deliver (default 30s)")
     api("--bayeux_interval", type=dur, help="pause advised between a connect reply and the next (default 0)")
@@ -188,6 +201,10 @@ def _server_parser() -> argparse.ArgumentParser:
         help="TEST ONLY: read a negative AckWait from clients as milliseconds",
     )
     return parser
+
+
+def _origins(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:

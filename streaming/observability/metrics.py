@@ -397,6 +397,7 @@ def _bayeux_metrics(stats: BayeuxStatistics) -> Iterator[Metric]:
     """The Bayeux door's sessions and batches (its deliveries and acks count with every other door's)."""
     yield GaugeMetricFamily(f"{PREFIX}_bayeux_sessions", "Bayeux sessions", value=stats.sessions)
     yield GaugeMetricFamily(f"{PREFIX}_bayeux_held_connects", "Held /meta/connect requests", value=stats.held_connects)
+    yield GaugeMetricFamily(f"{PREFIX}_bayeux_websockets", "Open Bayeux WebSocket connections", value=stats.websockets)
     yield GaugeMetricFamily(
         f"{PREFIX}_bayeux_queued_messages",
         "Messages in Bayeux sessions' queues: not sent yet, or sent and not acknowledged by batch",

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from trio_websocket import WebSocketConnection, open_websocket_url
 
 from streaming.config import ServerConfig
 from tests.support.servers import config
@@ -121,6 +122,86 @@ class Raw:
 async def raw_client(port: int) -> AsyncIterator[Raw]:
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
         yield Raw(http)
+
+
+async def publish_over_http(port: int, channel: str, datas: list[Any]) -> None:
+    """Publish `datas` in order from a fresh Bayeux session, each answered (stored) before the next."""
+    async with raw_client(port) as pub:
+        await pub.handshake()
+        for data in datas:
+            assert (await pub.publish(channel, data))["successful"]
+
+
+class RawSocket:
+    """A Bayeux client by hand over one WebSocket: `send` writes one frame (a JSON array), `reply`
+    reads frames until the reply to a message id comes, keeping the deliveries read on the way."""
+
+    def __init__(self, ws: WebSocketConnection) -> None:
+        self.ws = ws
+        self.client_id = ""
+        self.deliveries: list[Message] = []  # messages read that are no reply
+        self.frames: list[list[Message]] = []  # every frame read, in order
+        self._replies: dict[str, Message] = {}
+        self._id = 0
+
+    def next_id(self) -> str:
+        self._id += 1
+        return str(self._id)
+
+    async def send(self, messages: list[Message]) -> None:
+        await self.ws.send_message(json.dumps(messages))
+
+    async def read(self) -> list[Message]:
+        """One frame's messages."""
+        frame: list[Message] = json.loads(await self.ws.get_message())
+        assert isinstance(frame, list) and frame, frame
+        self.frames.append(frame)
+        for m in frame:
+            if "successful" in m and "id" in m:
+                self._replies[m["id"]] = m
+            elif "data" in m:
+                self.deliveries.append(m)
+        return frame
+
+    async def reply(self, msg_id: str, within: float = 10.0) -> Message:
+        with trio.fail_after(within):
+            while msg_id not in self._replies:
+                await self.read()
+        return self._replies.pop(msg_id)
+
+    async def call(self, message: Message) -> Message:
+        message = {"id": self.next_id(), **message}
+        if self.client_id and message["channel"] != "/meta/handshake":
+            message["clientId"] = self.client_id
+        await self.send([message])
+        return await self.reply(message["id"])
+
+    async def handshake(self) -> Message:
+        offer = {"version": "1.0", "supportedConnectionTypes": ["websocket"], "ext": {"ack": True}}
+        reply = await self.call({"channel": "/meta/handshake", **offer})
+        assert reply["successful"], reply
+        self.client_id = reply["clientId"]
+        return reply
+
+    async def connect(self, ack: int, *, now: bool = False) -> Message:
+        message: Message = {"channel": "/meta/connect", "connectionType": "websocket", "ext": {"ack": ack}}
+        if now:
+            message["advice"] = {"timeout": 0}
+        return await self.call(message)
+
+    async def subscribe(self, channel: str) -> Message:
+        return await self.call({"channel": "/meta/subscribe", "subscription": channel})
+
+
+@asynccontextmanager
+async def raw_socket(
+    port: int, *, origin: str | None = None, headers: list[tuple[str, str]] | None = None, path: str = "/cometd"
+) -> AsyncIterator[RawSocket]:
+    extra = [(name.encode(), value.encode()) for name, value in headers or []]
+    if origin is not None:
+        extra.append((b"Origin", origin.encode()))
+    async with open_websocket_url(f"ws://127.0.0.1:{port}{path}", extra_headers=extra, connect_timeout=10) as ws:
+        yield RawSocket(ws)
 
 
 class Proxy:

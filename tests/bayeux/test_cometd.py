@@ -26,6 +26,7 @@ from tests.bayeux.harness import (
     bayeux_config,
     is_message,
     node,
+    publish_over_http,
     raw_client,
 )
 from tests.support.servers import eventually, running
@@ -68,10 +69,7 @@ def connect_replies(client: Cometd) -> list[Message]:
 
 async def publish_direct(rig: Rig, channel: str, datas: list[Any]) -> None:
     """Publish from a second Bayeux client that does not go through the proxy."""
-    async with raw_client(rig.direct_port) as pub:
-        await pub.handshake()
-        for data in datas:
-            assert (await pub.publish(channel, data))["successful"]
+    await publish_over_http(rig.direct_port, channel, datas)
 
 
 async def test_the_handshake_negotiates_acks_and_the_first_connect_is_answered_at_once(rig: Rig) -> None:
@@ -291,20 +289,38 @@ async def test_unsubscribe_stops_one_channel_and_not_the_others(rig: Rig) -> Non
         assert client.received() == ["kept"]
 
 
-async def test_a_client_with_websocket_on_falls_back_to_long_polling(rig: Rig) -> None:
+async def test_a_client_with_websocket_on_uses_the_socket_with_acks_and_loses_nothing_when_it_drops(rig: Rig) -> None:
     async with Cometd.start(rig.url, websocket=True, subscribe=["/ws/a"]) as client:
-        await client.handshaken()
+        first = await client.handshaken()
         await client.subscribed("/ws/a")
-        await publish_direct(rig, "/ws/a", ["polled"])
+        await publish_direct(rig, "/ws/a", [{"n": 1}])
         await client.wait_for(is_message)
-        assert client.received() == ["polled"]
-        failed = [e for e in client.events if e["ev"] == "handshake" and not e["message"]["successful"]]
-        assert len(failed) <= 1
+        # The frame carrying {"n": 2} is held back, then its socket drops: it never arrives.
+        rig.proxy.hold()
+        await publish_direct(rig, "/ws/a", [{"n": 2}])
+        await trio.sleep(0.3)
+        rig.proxy.drop_for(0.5)
+        rig.proxy.release()
+        await publish_direct(rig, "/ws/a", [{"n": 3}])
+        got = await client.wait_count(is_message, 3, within=MAX_INTERVAL_S + 10)
+        assert [e["data"] for e in got] == [{"n": 1}, {"n": 2}, {"n": 3}], "lost, duplicated or reordered"
+        connects = client.wire("out", "/meta/connect")
+        assert connects and all(m["connectionType"] == "websocket" for m in connects)
+        handshakes = [e for e in client.events if e["ev"] == "handshake" and e["message"]["successful"]]
+        assert [h["message"]["clientId"] for h in handshakes] == [first["clientId"]], "the session is kept"
+        batches = [m["ext"]["ack"] for m in connect_replies(client)]
+        assert batches == sorted(batches) and len(set(batches)) == len(batches)
+        views = rig.server.core.engine.views
+        await eventually(lambda: not sum(v.pending_count for v in views() if v.record.channel == "ws.a"))
+        await trio.sleep(0.3)
+        assert len(client.received()) == 3
+        assert rig.server.bayeux is not None and rig.server.bayeux.statistics().resent_messages >= 1, "it was lost"
 
 
 @pytest.mark.parametrize("rig", [{"bayeux_max_unacked": 10}], indirect=True)
-async def test_at_most_max_unacked_messages_wait_outside_the_log(rig: Rig) -> None:
-    async with Cometd.start(rig.url, subscribe=["/flow/a"]) as sub:
+@pytest.mark.parametrize("websocket", [False, True])
+async def test_at_most_max_unacked_messages_wait_outside_the_log(rig: Rig, websocket: bool) -> None:
+    async with Cometd.start(rig.url, subscribe=["/flow/a"], websocket=websocket) as sub:
         await sub.subscribed("/flow/a")
         await sub.wait_count(lambda e: e["ev"] == "connect", 1)
         await trio.sleep(0.2)

@@ -282,7 +282,9 @@ async def test_a_request_of_small_publishes_is_committed_on_the_event_loop_and_a
         assert (last.commits, last.thread_commits) == (after.commits + 1, after.thread_commits + 1)
 
 
-async def test_every_path_takes_posts_and_chunked_bodies_and_websocket_is_refused(server: Running) -> None:
+async def test_every_path_takes_posts_and_chunked_bodies_and_a_foreign_pages_websocket_is_refused(
+    server: Running,
+) -> None:
     async with raw_client(server.http_api_port) as raw:
         await raw.handshake()
         for suffix in ("", "/", "/handshake", "/connect", "/disconnect"):
@@ -305,9 +307,12 @@ async def test_every_path_takes_posts_and_chunked_bodies_and_websocket_is_refuse
                 "Connection": "Upgrade",
                 "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
                 "Sec-WebSocket-Version": "13",
+                "Origin": "https://elsewhere.example",  # no origin is allowed: only the listener's own
             },
         )
-        assert upgrade.status_code != 101 and upgrade.status_code >= 400
+        assert upgrade.status_code == 403
+        plain_get = await raw.http.get("/cometd")
+        assert plain_get.status_code == 400 and "WebSocket" in plain_get.json()[0]["error"]
 
 
 async def test_a_session_without_the_extension_gets_its_messages_with_no_batch_numbers(server: Running) -> None:
@@ -425,8 +430,9 @@ async def test_a_connect_sharing_its_request_is_answered_at_once(server: Running
 
 async def test_a_handshake_offering_no_common_transport_is_refused(server: Running) -> None:
     async with raw_client(server.http_api_port) as raw:
-        message = {"id": "1", "channel": "/meta/handshake", "version": "1.0", "supportedConnectionTypes": ["websocket"]}
+        offered = ["callback-polling"]
+        message = {"id": "1", "channel": "/meta/handshake", "version": "1.0", "supportedConnectionTypes": offered}
         (reply,) = await raw.post([message], "/handshake")
         assert reply["successful"] is False and reply["error"] == bx.CONNECTION_TYPE_UNSUPPORTED
-        assert reply["supportedConnectionTypes"] == ["long-polling"]
+        assert reply["supportedConnectionTypes"] == ["websocket", "long-polling"]
         assert server.bayeux is not None and server.bayeux.statistics().sessions == 0

@@ -243,3 +243,11 @@ def test_a_session_without_acks_hands_over_what_it_sends() -> None:
     batch, entries, resent = session.close_batch()
     assert batch is None and [e.seq for e in entries] == [1, 2] and resent == 0
     assert not session.has_to_send()
+
+
+def test_integers_beyond_64_bits_are_kept_exactly() -> None:
+    # A faster parser that read them as doubles would change what subscribers get.
+    big = 2**70 + 1
+    (message,) = bx.parse_body(b'[{"channel": "/n", "data": %d}]' % big)
+    assert message["data"] == big and isinstance(message["data"], int)
+    assert bx.encode_data(message["data"]) == str(big).encode()

@@ -258,3 +258,16 @@ def test_data_directory_in_use_is_refused(tmp_path: Path) -> None:
             check=False,
         )
         assert done.returncode == 1 and "in use by another process" in done.stderr
+
+
+def test_allowed_origins_from_a_flag_and_from_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "server.toml"
+    path.write_text('http_api_allow_origins = ["https://a.example"]\n')
+    assert load(path, {}).http_api_allow_origins == ["https://a.example"]
+    args = _server_parser().parse_args(
+        ["-c", str(path), "--http_api_allow_origins", "https://b.example, http://c:8000"]
+    )
+    assert load(path, _overrides(args)).http_api_allow_origins == ["https://b.example", "http://c:8000"]
+    path.write_text('http_api_allow_origins = ["https://a.example/app"]\n')
+    with pytest.raises(ConfigError, match=r"http_api_allow_origins.*path"):
+        load(path, {})

@@ -51,6 +51,21 @@ function collect(sub, n, onMsg) {
 }
 
 const scenarios = {
+  async publish_range(sc) {
+    // JSON messages {"n": FROM} .. {"n": TO - 1}, each once stored (the browser tests read them back).
+    const from = Number(process.env.FROM || 0);
+    const to = Number(process.env.TO || 10);
+    for (let n = from; n < to; n++) await publish(sc, channel, JSON.stringify({ n }));
+    return { published: to - from };
+  },
+  async collect_json(sc) {
+    // Subscribe first, print "subscribed", then collect COUNT messages (JSON), acking each.
+    const sub = sc.subscribe(channel, sc.subscriptionOptions().setManualAckMode(true));
+    await ready(sub);
+    console.log(JSON.stringify({ phase: 'subscribed' }));
+    const got = await collect(sub, Number(process.env.COUNT || 1), (m) => m.ack());
+    return { got: got.map((m) => JSON.parse(m.data)) };
+  },
   async publish(sc) {
     const guids = [];
     for (let i = 0; i < 20; i++) guids.push(await publish(sc, channel, `msg-${i}`));

@@ -30,6 +30,7 @@ from streaming.config import ConfigError, ServerConfig, load, merged
 from streaming.security.auth import Authenticator, User, public_nkey
 from streaming.security.permissions import Permissions, Rule
 from streaming.wire import nats as p
+from tests.bayeux.harness import raw_socket
 from tests.support.node import node, run_node
 from tests.support.servers import RawClient, config, nats_py_round_trip, running, server_process
 
@@ -293,6 +294,14 @@ async def test_a_users_permissions_hold_on_the_http_doors(tmp_path: Path) -> Non
         ]
         answers = (await http.post("/cometd", json=batch)).json()
         assert [a.get("error") for a in answers] == ["403::publish_denied", "403::subscribe_denied", None]
+        # The same user over a WebSocket: the upgrade's credentials decide.
+        basic = "Basic " + base64.b64encode(b"orders:s3cret").decode()
+        async with raw_socket(server.http_api_port, headers=[("Authorization", basic)]) as sock:
+            await sock.handshake()
+            assert (await sock.call({"channel": "/billing", "data": 1}))["error"] == "403::publish_denied"
+            denied = await sock.call({"channel": "/meta/subscribe", "subscription": "/orders/secret/x"})
+            assert denied["error"] == "403::subscribe_denied"
+            assert (await sock.call({"channel": "/meta/subscribe", "subscription": "/orders/eu"}))["successful"]
         assert server.store.channel_info("billing") is None
 
 
