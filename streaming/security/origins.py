@@ -14,12 +14,13 @@ checks the upgrade's `Origin` itself (cross-site WebSocket hijacking):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
 import attrs
-from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
+
+if TYPE_CHECKING:  # the configuration checks origins; only a server with an HTTP port loads Starlette
+    from starlette.middleware import Middleware
 
 ANY: Final = "*"
 # What a page may send: credentials, bodies, the pull API's conditional ack and long-poll headers.
@@ -118,6 +119,9 @@ class Origins:
         then keep pages of other origins from reading any answer)."""
         if not self.configured:
             return []
+        from starlette.middleware import Middleware
+        from starlette.middleware.cors import CORSMiddleware
+
         return [
             Middleware(
                 CORSMiddleware,
