@@ -31,6 +31,14 @@ def test_the_client_library_loads_nothing_of_the_server() -> None:
     assert not [m for m in loaded if m.startswith(("storage", "streaming.core", "streaming.stan", "streaming.server"))]
 
 
+def test_the_client_command_loads_nothing_of_the_server() -> None:
+    """`streaming pub` / `streaming sub` start without paying for the server's imports."""
+    loaded = loaded_by("from streaming.cli import client_main\nimport streaming.cli.client")
+    server = ("storage", "streaming.core", "streaming.stan.", "streaming.server", "streaming.config", "streaming.pull")
+    assert not [m for m in loaded if m.startswith(server)]
+    assert not {"lmdb", "hypercorn", "starlette", "prometheus_client", "cattrs"} & {m.split(".")[0] for m in loaded}
+
+
 def test_lmdb_store_is_there_when_named() -> None:
     loaded = loaded_by("from storage import LmdbStore")
     assert "lmdb" in loaded

@@ -12,7 +12,7 @@ from typing import Any
 import trio
 
 from streaming.cli.flags import flag
-from streaming.config import parse_duration
+from streaming.units import parse_duration
 
 log = logging.getLogger("streaming")
 

@@ -22,11 +22,12 @@ import trio
 from storage import DamagedStoreError, StoreError
 from streaming.cli.flags import flag
 from streaming.cli.maintenance import maintenance_main, way_forward
-from streaming.config import ConfigError, ServerConfig, load, merged, parse_bool, parse_duration, parse_size
+from streaming.config import ConfigError, ServerConfig, load, merged
 from streaming.ft.status import GroupError
 from streaming.nats.link import LinkError
 from streaming.security.tls import TlsError, server_context
 from streaming.stan.partitions import PartitionConflict
+from streaming.units import parse_bool, parse_duration, parse_size
 from streaming.workers import WorkerPlan, WorkersError, forwarded_arguments, supervise
 
 if TYPE_CHECKING:
