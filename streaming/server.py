@@ -14,37 +14,35 @@ import logging
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
-from starlette.applications import Starlette
 
 from storage import Store, StoreError, open_store
 from streaming.bayeux.door import BayeuxDoor
-from streaming.bayeux.http import BayeuxApp
 from streaming.bayeux.protocol import BayeuxSettings
 from streaming.config import ConfigError, ServerConfig
 from streaming.core.door_api import DoorApi
 from streaming.core.observers import Fanout
 from streaming.core.service import Core
 from streaming.core.store_calls import call_store
-from streaming.http_listener import serve_asgi, set_websocket_compression
 from streaming.nats.broker import Broker, BrokerConfig
 from streaming.nats.bus import Bus
 from streaming.nats.link import LinkOptions, NatsLink
 from streaming.observability.event_log import EventLog
-from streaming.observability.metrics import Metrics
-from streaming.observability.monitor import Monitor
 from streaming.pull.door import PullDoor
-from streaming.pull.http import PullApp
 from streaming.pull.protocol import PullSettings
 from streaming.running import Running
-from streaming.security import http_auth
 from streaming.security.auth import NkeySeed, read_creds
 from streaming.security.tls import TlsFiles, client_context, server_context
 from streaming.stan.config import StanConfig
 from streaming.stan.door import StanDoor
 from streaming.stan.partitions import Claims, Partition, parse_hash_partition
 from streaming.wire.urls import parse_urls
+
+if TYPE_CHECKING:
+    from streaming.observability.metrics import Metrics
+    from streaming.observability.monitor import Monitor
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +60,14 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 50, 100)
+
+
+def _metrics() -> Metrics:
+    # The HTTP stacks (hypercorn, Starlette, prometheus_client) load only when a port that uses them is
+    # configured: a server without one starts a fifth of a second sooner.
+    from streaming.observability.metrics import Metrics
+
+    return Metrics()
 
 
 def broker_config(config: ServerConfig) -> BrokerConfig:
@@ -179,7 +185,7 @@ async def serve(
             partition = parse_hash_partition(config.hash_partition)
         elif config.partitioning:
             partition = Partition(list(config.channels))
-        metrics = Metrics() if config.http_port else None
+        metrics = _metrics() if config.http_port else None
         event_log = EventLog(Path(config.event_log), rotate_bytes=config.event_log_rotate) if config.event_log else None
         observers: list[Metrics | EventLog] = [o for o in (metrics, event_log) if o is not None]
         core = Core(
@@ -226,6 +232,8 @@ async def serve(
                 running.http_api_port = await nursery.start(serve_http_api, config, bayeux, pull)
             if metrics is not None:
                 metrics.attach(running)
+                from streaming.observability.monitor import Monitor
+
                 monitor = Monitor(running, metrics, config.store)
                 http_port = max(config.http_port, 0)  # -1: any free port
                 host = config.http_host or config.host
@@ -245,6 +253,13 @@ async def serve_http_api(
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The client-facing HTTP listener: the Bayeux endpoint and the pull API in one Starlette app."""
+    from starlette.applications import Starlette
+
+    from streaming.bayeux.http import BayeuxApp
+    from streaming.http_listener import serve_asgi, set_websocket_compression
+    from streaming.pull.http import PullApp
+    from streaming.security import http_auth
+
     auth = config.authenticator()  # the NATS port's users and permissions, when it has any
     set_websocket_compression(config.http_api_ws_compression)
     origins = config.allowed_origins()
@@ -285,6 +300,8 @@ async def serve_monitor(
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The monitoring listener, until cancelled (HTTPS with `tls`); `task_status` gets the bound port."""
+    from streaming.http_listener import serve_asgi
+
     serve = partial(serve_asgi, monitor.app, host, port, log_name="streaming.observability.monitor.http", tls=tls)
     async with trio.open_nursery() as nursery:
         bound: int = await nursery.start(serve)

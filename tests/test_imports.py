@@ -39,6 +39,13 @@ def test_the_client_command_loads_nothing_of_the_server() -> None:
     assert not {"lmdb", "hypercorn", "starlette", "prometheus_client", "cattrs"} & {m.split(".")[0] for m in loaded}
 
 
+def test_the_server_loads_its_http_stacks_only_for_the_ports_that_use_them() -> None:
+    """A server without a monitoring or HTTP client port starts without hypercorn, Starlette and
+    prometheus_client (a fifth of a second of imports)."""
+    loaded = {m.split(".")[0] for m in loaded_by("import streaming.cli.server, streaming.server")}
+    assert not {"hypercorn", "starlette", "prometheus_client"} & loaded
+
+
 def test_lmdb_store_is_there_when_named() -> None:
     loaded = loaded_by("from storage import LmdbStore")
     assert "lmdb" in loaded
