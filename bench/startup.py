@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from rich.console import Console  # noqa: E402
 
-from bench.peers import free_port  # noqa: E402
+from bench.peers import free_port, stop  # noqa: E402
 from bench.report import arguments, machine, print_report  # noqa: E402
 
 
@@ -57,12 +57,7 @@ def answering(argv: list[str], port: int, timeout: float = 20.0) -> float:
                 raise SystemExit(f"{argv[0]} did not answer within {timeout} s")
             time.sleep(0.002)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def run_once(system: str, binary: str | None) -> float:

@@ -314,12 +314,9 @@ class BayeuxDoor:
         durable = bx.durable_of(message)
         if isinstance(durable, dict):
             return durable
-        engine_client = live.engine_client
-        if durable is not None:
-            engine_client = _DURABLE_CLIENT + durable
-            holder = self._durable_holders.get(engine_client)
-            if holder is not None and holder is not live:
-                return bx.error(message, bx.DURABLE_IN_USE, subscription=subscription)
+        engine_client = live.engine_client if durable is None else _DURABLE_CLIENT + durable
+        if self._held_by_another(engine_client, live):
+            return bx.error(message, bx.DURABLE_IN_USE, subscription=subscription)
         session = live.session
         for name in names:
             if name in session.subscriptions:
@@ -340,14 +337,12 @@ class BayeuxDoor:
                 await self.core.ensure_channel(engine_channel)
                 if self._sessions.get(session.client_id) is not live:
                     return bx.session_unknown(message)  # it ended while the channel was made
-                if durable is not None:
-                    holder = self._durable_holders.get(engine_client)
-                    if holder is not None and holder is not live:  # taken while the channel was made
-                        return bx.error(message, bx.DURABLE_IN_USE, subscription=subscription)
-                    if holder is None:
-                        self.core.attach_client(engine_client)
-                        self._durable_holders[engine_client] = live
-                        live.durable_clients.add(engine_client)
+                if self._held_by_another(engine_client, live):  # taken while the channel was made
+                    return bx.error(message, bx.DURABLE_IN_USE, subscription=subscription)
+                if durable is not None and engine_client not in live.durable_clients:
+                    self.core.attach_client(engine_client)
+                    self._durable_holders[engine_client] = live
+                    live.durable_clients.add(engine_client)
 
                 def answer(sub_id: int, name: str = name) -> None:
                     session.subscriptions[name] = sub_id
@@ -360,6 +355,12 @@ class BayeuxDoor:
                 log.info("bayeux subscribe to %s refused: %s", name, exc)
                 return bx.error(message, f"403:{_reason(exc)}:subscribe_failed", subscription=subscription)
         return bx.reply(message, successful=True, subscription=subscription)
+
+    def _held_by_another(self, engine_client: str, live: _Live) -> bool:
+        """Whether a durable's engine client is held by a session other than `live` (a session's own
+        engine client never is)."""
+        holder = self._durable_holders.get(engine_client)
+        return holder is not None and holder is not live
 
     def _unsubscribe(self, live: _Live, message: dict[str, Any]) -> dict[str, Any]:
         names = bx.subscriptions_of(message)
