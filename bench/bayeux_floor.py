@@ -3,9 +3,11 @@
     python bench/bayeux_floor.py PORT
 
 A Starlette app served by hypercorn's Trio worker, as our HTTP doors are, that speaks just enough
-long-polling Bayeux for the CometD client of bench/node/bayeux_clients.mjs: handshake, connect (held
-until a message is queued for the session, or 30 s), subscribe, disconnect, and publishing, which
-queues the message for every subscriber in memory and answers at once. Like Faye it keeps nothing on
+Bayeux for the CometD client of bench/node/bayeux_clients.mjs, over long-polling and over WebSocket
+(text frames of JSON arrays, permessage-deflate declined, as ours): handshake, connect (held until a
+message is queued for the session, or 30 s; over a WebSocket in a task of its own so the socket reads
+on), subscribe, disconnect, and publishing, which queues the message for every subscriber in memory
+and answers at once. Like Faye it keeps nothing on
 disk and offers no acks (it does not answer the client's `ext.ack`, so the client sends none). It
 checks nothing a real server must: no validation of the messages, no limits, no expiry, no
 durability. Its throughput is what the HTTP stack and the JSON codec leave when a server does no
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import secrets
 import sys
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -25,7 +28,11 @@ from hypercorn.trio import serve
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from streaming.http_listener import set_websocket_compression
 
 _ADVICE = {"reconnect": "retry", "interval": 0, "timeout": 30000}
 _HOLD_S = 30.0
@@ -49,13 +56,37 @@ class FloorBayeux:
             out.extend(await self._one(message))
         return Response(json.dumps(out, separators=(",", ":")), media_type="application/json")
 
+    async def websocket(self, ws: WebSocket) -> None:
+        await ws.accept()
+        lock = trio.Lock()
+
+        async def answer(messages: list[dict[str, Any]]) -> None:
+            out: list[dict[str, Any]] = []
+            for message in messages:
+                out.extend(await self._one(message))
+            async with lock:
+                await ws.send_text(json.dumps(out, separators=(",", ":")))
+
+        async with trio.open_nursery() as nursery:
+            while True:
+                try:
+                    messages = json.loads(await ws.receive_text())
+                except WebSocketDisconnect:
+                    break
+                if len(messages) == 1 and messages[0].get("channel") == "/meta/connect":
+                    nursery.start_soon(answer, messages)  # held: the socket reads on meanwhile
+                else:
+                    await answer(messages)
+            nursery.cancel_scope.cancel()
+
     async def _one(self, message: dict[str, Any]) -> list[dict[str, Any]]:
         channel = message["channel"]
         reply = {"channel": channel, "successful": True, "id": message.get("id")}
         if channel == "/meta/handshake":
             client_id = secrets.token_hex(16)
             self.sessions[client_id] = _Session()
-            reply.update(clientId=client_id, version="1.0", supportedConnectionTypes=["long-polling"], advice=_ADVICE)
+            types = ["websocket", "long-polling"]
+            reply.update(clientId=client_id, version="1.0", supportedConnectionTypes=types, advice=_ADVICE)
             return [reply]
         session = self.sessions[message["clientId"]]
         if channel == "/meta/connect":
@@ -85,7 +116,9 @@ def main() -> None:
     config = Config()
     config.bind = [f"127.0.0.1:{int(sys.argv[1])}"]
     config.accesslog = None
-    app = Starlette(routes=[Route("/cometd", FloorBayeux().post, methods=["POST"])])
+    set_websocket_compression(False)
+    floor = FloorBayeux()
+    app = Starlette(routes=[Route("/cometd", floor.post, methods=["POST"]), WebSocketRoute("/cometd", floor.websocket)])
     trio.run(serve, app, config)  # type: ignore[arg-type]
 
 

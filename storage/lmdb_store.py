@@ -118,6 +118,20 @@ _EMPTY: dict[int, tuple[bytes, bytes]] = {}
 DAMAGED_LOG_LIMIT = 10_000  # damaged messages remembered (each is logged once)
 
 
+def _heads(messages: Sequence[MessageToAppend]) -> list[bytes]:
+    """Each message's encoded head (reply and content type). A batch's messages mostly share one
+    (none, or a door's content type), so each distinct pair is encoded once."""
+    heads: dict[tuple[str, str], bytes] = {("", ""): EMPTY_HEAD}
+    out = []
+    for m in messages:
+        key = (m.reply, m.content_type)
+        head = heads.get(key)
+        if head is None:
+            head = heads[key] = encode_head(*key)
+        out.append(head)
+    return out
+
+
 def _sized(values: list[bytes]) -> bytes:
     """The values of a journal run record, each after its length: one join when they are all one size
     (a burst of equal messages), rather than a length packed per message."""
@@ -371,9 +385,7 @@ class LmdbStore(Store):
             if not self._schema_current:
                 self._upgrade_schema()
             before = {name: self._known(name) for name in dict.fromkeys([m.channel for m in messages])}
-            replies = [
-                encode_head(m.reply, m.content_type) if m.reply or m.content_type else EMPTY_HEAD for m in messages
-            ]
+            replies = _heads(messages)
 
             # Every message of a channel in one batch gets the same timestamp (now, clamped).
             runs: dict[str, list[tuple[bytes, bytes]]] = {name: [] for name in before}

@@ -90,13 +90,17 @@ class _Live:
 
 
 class _Staged:
-    """A request's publishes not yet handed to the core, and the messages they answer."""
+    """A request's publishes not yet handed to the core (engine channel and data each), the messages
+    they answer, and the channels this request may publish to, checked once each."""
 
-    __slots__ = ("answers", "publishes")
+    __slots__ = ("allowed", "answers", "publishes")
 
     def __init__(self) -> None:
-        self.publishes: list[Publish] = []
+        self.publishes: list[tuple[str, bytes]] = []
         self.answers: list[tuple[int, dict[str, Any]]] = []  # (index in the request's answer, message)
+        # Bayeux channel -> engine channel, for those that passed every check: a busy client sends a
+        # request's publishes to one or a few channels, and the user's permissions stay as they are.
+        self.allowed: dict[str, str] = {}
 
 
 class Answer:
@@ -211,7 +215,11 @@ class BayeuxDoor:
         """The answer `begin` started, once its publishes are committed (or refused)."""
         out = answer.parts
         for ticket, answers in answer.tickets:
-            for (index, message), outcome in zip(answers, await ticket.outcomes(), strict=True):
+            outcomes = await ticket.outcomes()
+            if all(type(outcome) is int for outcome in outcomes):  # all stored: their answers stand
+                self._published += len(outcomes)
+                continue
+            for (index, message), outcome in zip(answers, outcomes, strict=True):
                 if isinstance(outcome, Exception):
                     out[index] = bx.error(message, _publish_error(outcome))
                 else:
@@ -382,27 +390,36 @@ class BayeuxDoor:
         """Check one publish and add it to `staged`, for the group commit; its answer (at `index`)
         stands once it is committed."""
         channel: str = message["channel"]
-        if channels.is_service(channel):
-            return bx.reply(message, successful=True)  # no server-side handlers: not broadcast
-        if not channels.mappable(channel):
-            return bx.error(message, bx.CHANNEL_INVALID)
-        engine_channel = channels.to_engine(channel)
-        refusal = self.core.refusal(engine_channel, "publish", permissions)
-        if isinstance(refusal, NotPermitted):
-            return bx.error(message, bx.PUBLISH_DENIED)
-        if isinstance(refusal, ChannelBeingDeleted):
-            return bx.error(message, bx.PUBLISH_FAILED)
-        data = bx.encode_data(message.get("data"))
-        staged.publishes.append(Publish(engine_channel, data, content_type=bx.DATA_CONTENT_TYPE))
+        engine_channel = staged.allowed.get(channel)
+        if engine_channel is None or self.core.refusing:  # a channel being deleted is asked each time
+            if channels.is_service(channel):
+                return bx.reply(message, successful=True)  # no server-side handlers: not broadcast
+            if not channels.mappable(channel):
+                return bx.error(message, bx.CHANNEL_INVALID)
+            engine_channel = channels.to_engine(channel)
+            refusal = self.core.refusal(engine_channel, "publish", permissions)
+            if isinstance(refusal, NotPermitted):
+                return bx.error(message, bx.PUBLISH_DENIED)
+            if isinstance(refusal, ChannelBeingDeleted):
+                return bx.error(message, bx.PUBLISH_FAILED)
+            staged.allowed[channel] = engine_channel
+        staged.publishes.append((engine_channel, bx.encode_data(message.get("data"))))
         staged.answers.append((index, message))
         return bx.published(message)
 
     async def _submit(self, staged: _Staged) -> tuple[Ticket, list[tuple[int, dict[str, Any]]]]:
         """Hand the staged publishes (one request's) to the group commit as one run; waits while the
         commit queue is full (back-pressure, as for a STAN publisher)."""
-        publishes, answers = staged.publishes, staged.answers
+        runs, answers = staged.publishes, staged.answers
         staged.publishes, staged.answers = [], []
-        return await self.core.submit(publishes), answers
+        ticket = Ticket(len(runs))
+        content_type = bx.DATA_CONTENT_TYPE
+        # Built with their ticket as origin: one tuple per message, not one and then a copy.
+        publishes = [Publish(channel, data, "", "", "", ticket, content_type) for channel, data in runs]
+        pending = self.core.publish_many(publishes, ticket)
+        if pending is not None:
+            await pending
+        return ticket, answers
 
     # -- the outbound port ---------------------------------------------------------------------
 
@@ -410,23 +427,34 @@ class BayeuxDoor:
         woken: list[_Live] = []
         by_sub = self._by_sub
         encode = bx.delivery
+        sub_id = -1
+        run: list[tuple[int, bytes]] = []
+        owner: tuple[_Live, bytes] | None = None
         for d in deliveries:
-            owner = by_sub.get(d.sub_id)
-            if owner is None:
-                continue
-            live, channel_json = owner
-            m = d.message
-            message = encode(channel_json, f"{d.sub_id}x{m.seq}", m.seq, m.timestamp_unix_ns, m.data)
-            # A redelivery (a resumed or recovered durable's pending) is queued unless it still is:
-            # batches, not the engine's timer, send a queued message again.
-            if not live.session.queue(message, d.sub_id, m.seq):
-                continue
-            if live.hold is not None:
-                woken.append(live)
+            if d.sub_id != sub_id:  # a subscription's deliveries come in runs: one lookup, one queueing each
+                self._queue_run(owner, sub_id, run, woken)
+                sub_id, run = d.sub_id, []
+                owner = by_sub.get(sub_id)
+            if owner is not None:
+                m = d.message
+                run.append((m.seq, encode(owner[1], sub_id, m.seq, m.timestamp_unix_ns, m.data)))
+        self._queue_run(owner, sub_id, run, woken)
         for live in woken:
             if live.hold is not None:
                 live.hold.event.set()
                 live.hold = None
+
+    @staticmethod
+    def _queue_run(
+        owner: tuple[_Live, bytes] | None, sub_id: int, run: list[tuple[int, bytes]], woken: list[_Live]
+    ) -> None:
+        if owner is None or not run:
+            return
+        live = owner[0]
+        # A redelivery (a resumed or recovered durable's pending) is queued unless it still is:
+        # batches, not the engine's timer, send a queued message again.
+        if live.session.queue_run(sub_id, run) and live.hold is not None:
+            woken.append(live)
 
     def holding(self) -> AbstractContextManager[None]:
         return nullcontext()

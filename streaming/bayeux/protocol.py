@@ -92,12 +92,20 @@ class Session:
     def queue(self, message: bytes, sub_id: int, seq: int) -> bool:
         """A delivery routed to the session, tagged with the open batch; False (and nothing queued)
         when that message of that subscription is queued already."""
-        key = (sub_id, seq)
-        if key in self._queued:
-            return False
-        self._queued.add(key)
-        self.unacked.append(Entry(self.next_batch, message, sub_id, seq))
-        return True
+        return self.queue_run(sub_id, [(seq, message)]) == 1
+
+    def queue_run(self, sub_id: int, run: list[tuple[int, bytes]]) -> int:
+        """`queue` of each (seq, encoded delivery) of one subscription, in order: how many were queued."""
+        tag, queued, append = self.next_batch, self._queued, self.unacked.append
+        count = 0
+        for seq, message in run:
+            key = (sub_id, seq)
+            if key in queued:
+                continue
+            queued.add(key)
+            append(Entry(tag, message, sub_id, seq))
+            count += 1
+        return count
 
     def clear(self) -> None:
         """The session ends: its queue goes (nothing in it is acknowledged)."""
@@ -328,14 +336,21 @@ def data_json(raw: bytes) -> tuple[bytes, str]:
     return raw, "json"
 
 
-def delivery(channel_json: bytes, msg_id: str, seq: int, timestamp_unix_ns: int, raw: bytes) -> bytes:
-    """One delivery as it goes into a connect reply, encoded once: `{channel, data, id, ext}`."""
-    data, how = data_json(raw)
-    encoding = b"" if how == "json" else b',"encoding":"' + how.encode() + b'"'
-    return b'{"channel":%s,"data":%s,"id":"%s","ext":{"seq":%d,"timestamp":%d%s}}' % (
+def delivery(channel_json: bytes, sub_id: int, seq: int, timestamp_unix_ns: int, raw: bytes) -> bytes:
+    """One delivery as it goes into a connect reply, encoded once: `{channel, data, id, ext}`; its id
+    is `<sub_id>x<seq>`, unique within the session."""
+    try:
+        orjson.loads(raw)  # `data_json`'s first question, asked here: a delivery's hot path
+    except orjson.JSONDecodeError:
+        data, how = data_json(raw)
+        encoding = b"" if how == "json" else b',"encoding":"' + how.encode() + b'"'
+    else:
+        data, encoding = raw, b""
+    return b'{"channel":%s,"data":%s,"id":"%dx%d","ext":{"seq":%d,"timestamp":%d%s}}' % (
         channel_json,
         data,
-        msg_id.encode(),
+        sub_id,
+        seq,
         seq,
         timestamp_unix_ns,
         encoding,

@@ -123,10 +123,15 @@ class Doors:
                 self._default.deliver(deliveries)
             return
         runs: dict[int, tuple[Outbound, list[Delivery]]] = {}
+        inbox: str | None = None
+        run: list[Delivery] | None = None
         for d in deliveries:
-            port = self.port_for(d.inbox)
-            if port is not None:
-                runs.setdefault(id(port), (port, []))[1].append(d)
+            if d.inbox != inbox:  # a subscription's deliveries come in runs: one routing each
+                inbox = d.inbox
+                port = self.port_for(inbox)
+                run = None if port is None else runs.setdefault(id(port), (port, []))[1]
+            if run is not None:
+                run.append(d)
         for port, run in runs.values():
             port.deliver(run)
 

@@ -89,7 +89,7 @@ def test_a_lone_surrogate_is_stored_as_its_escape_and_delivered_as_json() -> Non
     (message,) = bx.parse_body(b'[{"channel":"/a","data":{"s":"\\ud800x\\u00e9"}}]')
     stored = bx.encode_data(message["data"])
     assert stored == b'{"s":"\\ud800x\\u00e9"}'
-    delivered = json.loads(bx.delivery(b'"/a"', "1x1", 1, 0, stored))
+    delivered = json.loads(bx.delivery(b'"/a"', 1, 1, 0, stored))
     assert delivered["data"] == {"s": "\ud800x\u00e9"} and "encoding" not in delivered["ext"]
     answer = bx.encode_answer([bx.error({"channel": "/\udc00"}, bx.CHANNEL_INVALID)])
     assert json.loads(answer) == [{"channel": "/\udc00", "successful": False, "error": bx.CHANNEL_INVALID}]
@@ -138,7 +138,7 @@ deep = (st.integers(1, 500) | st.integers(2000, 5000)).map(lambda n: b"[" * n + 
     st.one_of(st.binary(max_size=50), json_values.map(bx.encode_data), st.sampled_from([b"NaN", b"[Infinity]"]), deep)
 )
 def test_stored_bytes_always_reach_bayeux_as_valid_json(raw: bytes) -> None:
-    encoded = bx.delivery(b'"/a"', "1x2", 2, 5, raw)
+    encoded = bx.delivery(b'"/a"', 1, 2, 5, raw)
     message = json.loads(encoded, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
     assert message["channel"] == "/a" and message["id"] == "1x2" and message["ext"]["seq"] == 2
     how = message["ext"].get("encoding", "json")
@@ -151,7 +151,7 @@ def test_stored_bytes_always_reach_bayeux_as_valid_json(raw: bytes) -> None:
 
 
 def test_an_answer_is_one_json_array_of_replies_and_deliveries() -> None:
-    body = bx.encode_answer([bx.delivery(b'"/a"', "1x1", 1, 0, b'{"n":1}'), {"channel": "/meta/connect"}])
+    body = bx.encode_answer([bx.delivery(b'"/a"', 1, 1, 0, b'{"n":1}'), {"channel": "/meta/connect"}])
     assert json.loads(body) == [
         {"channel": "/a", "data": {"n": 1}, "id": "1x1", "ext": {"seq": 1, "timestamp": 0}},
         {"channel": "/meta/connect"},
