@@ -83,7 +83,11 @@ class DoorApi:
         return self._core.ready.is_set()
 
     async def wait_ready(self) -> None:
-        await self._core.ready.wait()
+        """Return once the core runs: at once, without yielding, when it does (a door asks this per
+        request, and a yield is a trip through the scheduler)."""
+        ready = self._core.ready
+        if not ready.is_set():
+            await ready.wait()
 
     def recovered_clients(self) -> list[ClientRecord]:
         """The clients the store held at start (once the core runs)."""
