@@ -64,6 +64,11 @@ class Checkpointer:
         self._thread = None
         return True
 
+    @property
+    def closing(self) -> bool:
+        """The store is closing: the last checkpoint is the store's, and nothing is readied after it."""
+        return self._closing
+
     def poke(self) -> None:
         """The journal grew past a checkpoint's worth, or a checkpoint made room: look again."""
         with self._wake:

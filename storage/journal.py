@@ -46,6 +46,8 @@ _EPOCH = struct.Struct(">Q")
 _FIRST_SIZE = 1 << 20  # then doubled as needed, 16 MiB at a time at most: each growth costs an fsync
 _MAX_GROWTH = 16 << 20
 _SCAN_CHUNK = 4 << 20
+_ZEROS_SIZE = 1 << 20
+_ZEROS = bytes(_ZEROS_SIZE)
 # Epochs a file can hold beyond the last checkpoint: the active file's, the unretired one's, and one
 # more for a switch whose checkpoint commit did not land.
 _LIVE_EPOCHS = 3
@@ -131,6 +133,9 @@ class JournalFile:
         self.epoch = 0
         self.end = 0  # where the next record goes
         self.created = created
+        # Where the space this process allocated (and nothing but its own records wrote) starts: past
+        # the last record it is zeros on disk that the filesystem still has to mark written.
+        self.unwritten_from: int | None = None
 
     def reserve(self, size: int) -> None:
         """Make the file at least `size` bytes long, its length on disk, so an fdatasync after a write
@@ -149,7 +154,40 @@ class JournalFile:
             else:
                 raise  # a sparse file would only fail later, in the middle of a write
         os.fsync(self.fd)
+        if self.unwritten_from is None:
+            self.unwritten_from = self.allocated
         self.allocated = grown
+
+    def prefill(self, target: int) -> int:
+        """Write zeros where a record may go next and the filesystem has no data yet: over the space
+        `reserve` allocated past the last record, and on to `target` bytes. Returns the bytes written.
+
+        Only for the file that takes no appends (the inactive one), off the event loop. An fdatasync
+        after a write into allocated but never written space must also commit the filesystem's
+        journal (the space becomes written), which makes it slower and makes it wait behind any
+        other metadata commit of the disk (bench/README.md: 0.21 against 0.13 ms here, and the
+        stalls of a commit's p99). Nothing is written over bytes this process did not allocate: past
+        the last record they may be a second copy of checkpointed messages, which repair reads."""
+        start = self.allocated if self.unwritten_from is None else max(self.unwritten_from, self.end)
+        stop = max(target, self.allocated)
+        if start >= stop:
+            return 0
+        before = self.allocated
+        try:
+            at = start
+            while at < stop:
+                size = min(_ZEROS_SIZE, stop - at)
+                written = os.pwrite(self.fd, _ZEROS[:size] if size < _ZEROS_SIZE else _ZEROS, at)
+                if written != size:
+                    raise OSError(errno.ENOSPC, f"short write ({written} of {size} bytes)")
+                at += size
+            os.fdatasync(self.fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, before)  # the space goes back; below `before` only zeros went over zeros
+            raise
+        self.allocated, self.unwritten_from = stop, None
+        return stop - start
 
     def scan(self, checkpointed: int, seed: Seed) -> FileScan:
         """The valid records at the start of the file (see the module docstring); raises
@@ -278,6 +316,10 @@ class Journal:
         fresh = self.files[self.active]
         fresh.epoch, fresh.end = retired.epoch + 1, 0
         return retired.epoch
+
+    def prefill_inactive(self, target: int) -> int:
+        """`JournalFile.prefill` of the file that takes no appends until the next `switch`."""
+        return self.files[1 - self.active].prefill(target)
 
     def flush(self) -> None:
         """fdatasync the active file (the periodic flush of a journal that does not sync each append)."""

@@ -174,6 +174,7 @@ class LmdbStore(Store):
         self._append_lock = threading.Lock()  # one append (or eviction, or journal switch) at a time
         self._mem_lock = threading.Lock()  # innermost: the in-memory messages and what LMDB holds
         self._checkpoint_lock = threading.Lock()
+        self._prefill_cap = 2 * checkpoint_bytes  # the most the inactive journal file is prefilled to
         self._recent: dict[int, dict[int, tuple[bytes, bytes]]] = {}  # channel id -> seq -> (key, value)
         self._copying: dict[int, dict[int, tuple[bytes, bytes]]] = {}  # being checkpointed
         self._in_lmdb: dict[int, int] = {}  # channel id -> last seq checkpointed into LMDB
@@ -754,6 +755,24 @@ class LmdbStore(Store):
                         self._in_lmdb[info.channel_id] = info.last_seq
                 self._copying = {}
                 self._unretired = None
+            self._prefill_journal()
+
+    def _prefill_journal(self) -> None:
+        """Ready the retired journal file for its next use, on the checkpoint thread (no switch can
+        come meanwhile: it holds the checkpoint lock): written space, as large as the active file's,
+        so the fdatasync of each commit into it is a data flush only. Skipped when the disk has little
+        room left (the space is the journal's anyway, but it must not be what a commit runs out of)."""
+        if self._checkpoints.closing:
+            return
+        files = self._journal.files
+        target = min(max(f.allocated for f in files), self._prefill_cap)
+        try:
+            room = os.statvfs(self.path)
+            if room.f_bavail * room.f_frsize < max(8 * target, 256 * MiB):
+                return
+            self._journal.prefill_inactive(target)
+        except OSError as exc:
+            log.info("%s: the next journal file is not prefilled (%s): commits into it sync slower", self.path, exc)
 
     # -- subscriptions and clients (storage.subscription_state) ------------------------------------
 

@@ -3,9 +3,11 @@ under a new epoch, and after a checkpoint that failed; and the LMDB store around
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
+import struct
 from pathlib import Path
 
 import lmdb
@@ -288,3 +290,91 @@ def test_a_failed_flush_is_a_store_error(tmp_path: Path) -> None:
         journal.flush()
     active.fd = -1  # already closed
     journal.close()
+
+
+_FS_IOC_FIEMAP = 0xC020660B
+_FIEMAP_FLAG_SYNC = 0x1
+_FIEMAP_EXTENT_UNWRITTEN = 0x800
+_EXTENT = struct.Struct("=QQQ16xI12x")  # logical, physical, length, flags
+
+
+def _unwritten(path: Path) -> list[tuple[int, int]]:
+    """The (offset, length) stretches of `path` that the filesystem allocated but holds no data for
+    (FIEMAP's unwritten extents); skips the test where the filesystem cannot say."""
+    count = 256
+    request = bytearray(
+        struct.pack("=QQIIII", 0, 2**64 - 1, _FIEMAP_FLAG_SYNC, 0, count, 0) + bytes(_EXTENT.size * count)
+    )
+    with path.open("rb") as f:
+        try:
+            fcntl.ioctl(f.fileno(), _FS_IOC_FIEMAP, request)
+        except OSError as exc:
+            pytest.skip(f"the filesystem does not map extents ({exc})")
+    mapped = struct.unpack_from("=I", request, 20)[0]
+    extents = [_EXTENT.unpack_from(request, 32 + i * _EXTENT.size) for i in range(mapped)]
+    return [(logical, length) for logical, _, length, flags in extents if flags & _FIEMAP_EXTENT_UNWRITTEN]
+
+
+def test_a_retired_file_is_prefilled_with_written_space_for_its_next_use(tmp_path: Path) -> None:
+    journal = _journal(tmp_path)
+    journal.recover(0)
+    journal.append(b"a" * 100)  # the first record preallocates the file: space with no data yet
+    retired = journal.files[0]
+    if not _unwritten(retired.path):
+        pytest.skip("this filesystem writes preallocated space at once")
+    journal.switch()
+    journal.append(b"b" * 100)
+    record_end = retired.end
+    assert journal.prefill_inactive(2 << 20) == (2 << 20) - record_end
+    assert _unwritten(retired.path) == [], "a commit into the prefilled file would still convert extents"
+    data = retired.path.read_bytes()
+    assert len(data) == 2 << 20 and data[record_end:] == bytes(len(data) - record_end)
+    assert journal.prefill_inactive(2 << 20) == 0  # once is enough
+    journal.close()
+    again = _journal(tmp_path)
+    assert again.recover(0) == Recovery([b"a" * 100, b"b" * 100], journal.files[0].epoch)
+    again.close()
+
+
+def test_a_prefill_writes_over_nothing_this_process_did_not_allocate(tmp_path: Path) -> None:
+    """Past a file's newest records may lie older ones, a second copy of checkpointed messages that
+    repair reads: after a restart nothing of the file is overwritten, it is only extended."""
+    journal = _journal(tmp_path)
+    journal.recover(0)
+    for i in range(20):
+        journal.append(b"old %d" % i)
+    first = journal.switch()
+    journal.append(b"middle")
+    journal.switch()
+    journal.append(b"new")  # file 0 again, from its start: "old" records lie behind it
+    journal.close()
+    again = _journal(tmp_path)
+    again.recover(first)
+    assert again.active == 0  # file 0 holds the newest epoch; file 1 is the inactive one
+    inactive = again.files[1]
+    before = inactive.path.read_bytes()
+    assert again.prefill_inactive(len(before)) == 0
+    assert again.prefill_inactive(len(before) + 4096) == 4096
+    after = inactive.path.read_bytes()
+    assert after[: len(before)] == before and after[len(before) :] == bytes(4096)
+    again.close()
+
+
+def test_a_store_prefills_the_retired_journal_file_at_each_checkpoint(tmp_path: Path) -> None:
+    store = LmdbStore(tmp_path / "store", checkpoint_bytes=1 << 30, checkpoint_interval=3600)
+    store.ensure_channel("c")
+    files = [tmp_path / "store" / "msgs" / name for name in NAMES]
+    store.append([NewMessage("c", b"x" * 1000) for _ in range(100)])
+    store.checkpoint()  # file 0 retired, file 1 takes appends
+    store.append([NewMessage("c", b"y" * 1000) for _ in range(10)])
+    if not _unwritten(files[1]):
+        pytest.skip("this filesystem writes preallocated space at once")
+    store.checkpoint()  # file 1 retired, file 0 takes appends again
+    assert _unwritten(files[0]) == _unwritten(files[1]) == []
+    assert files[1].stat().st_size >= files[0].stat().st_size
+    store.append([NewMessage("c", b"z" * 1000) for _ in range(10)])
+    store.close()
+    with LmdbStore(tmp_path / "store") as again:
+        info = again.channel_info("c")
+        assert info is not None and info.msgs == 120
+        assert [m.data[:1] for m in again.read("c", 100, 3)] == [b"x", b"y", b"y"]
