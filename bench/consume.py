@@ -13,11 +13,14 @@ Every subscriber has its own connection, all in this process. Systems:
 - redis: XREADGROUP (COUNT up to 1024 minus what is unacked; a consumer group per subscriber, one group
   with four consumers for the queue), one XACK per message, sent in a pipeline per batch, redis-py.
 
-With `--clients node` (or `both`) the same cases run with Node clients on both sides, ours and
-JetStream only (`bench/node/clients.js`: node-nats-streaming 0.3.2 against ours, nats.js 2.x with
-`consumers.get(...).consume()` against a file stream; `npm ci --prefix bench/node` first): keys
-`node_<system>_<case>_...` and `node_ratio_<case>_vs_jetstream`. Python clients are slow at
-consuming from JetStream, which flatters our ratio; the Node figures are the fair one.
+With `--clients node` (or `both`) the same cases run with Node clients on both sides: ours, JetStream,
+and nats-streaming-server when it is at hand (`STAN_SERVER`, else ../shared/peers; its FILE store at its
+defaults) (`bench/node/clients.js`: node-nats-streaming 0.3.2 against ours and nats-streaming-server,
+nats.js 2.x with `consumers.get(...).consume()` against a file stream; `npm ci --prefix bench/node`
+first): keys `node_<system>_<case>_...`, `node_ratio_<case>_vs_jetstream`, `node_ratio_<case>_vs_stan`
+(target >= 1.5) and `node_cpu_ratio_<case>_vs_stan` (server CPU per delivery, ours / it; target <= 1.0).
+Python clients are slow at consuming from JetStream, which flatters our ratio; the Node figures are the
+fair one.
 
 Figures are deliveries per second (acked), and the server process's CPU time per delivery over the
 consume phase (user + system, all its threads; psutil). JSON keys: `<system>_<case>_msgs_per_s`,
@@ -215,7 +218,7 @@ def main() -> None:
         choices=["python", "node", "both"],
         default="python",
         help="who drives the workload: our Python clients and nats-py / redis-py (default), Node clients on "
-        "both sides (node-nats-streaming, nats.js 2.x; ours and JetStream only), or both",
+        "both sides (node-nats-streaming, nats.js 2.x; ours, JetStream and nats-streaming-server), or both",
     )
     args = parser.parse_args()
     console = Console(stderr=args.json)
@@ -266,6 +269,17 @@ def main() -> None:
             rows.append((f"node clients, {case}: ours", f"{mine:,} ({mine_us} µs server CPU each)", "<= 10 µs"))
             target = ">= 1.5" if case == "1sub" else ">= 1.2"
             rows.append((f"node clients, {case}: jetstream (ours / it)", f"{theirs:,} ({ratio:.2f})", target))
+            if "stan" in NODE_SYSTEMS:  # the server ours replaces, the same client on both
+                theirs, theirs_us = (
+                    result[f"node_stan_{case}_msgs_per_s"],
+                    result[f"node_stan_{case}_server_us_per_msg"],
+                )
+                ratio = result[f"node_ratio_{case}_vs_stan"] = round(mine / theirs, 3)
+                cpu = result[f"node_cpu_ratio_{case}_vs_stan"] = round(mine_us / theirs_us, 3)
+                rows.append(
+                    (f"node clients, {case}: nats-streaming-server (ours / it)", f"{theirs:,} ({ratio:.2f})", ">= 1.5")
+                )
+                rows.append((f"  server CPU per message, ours / it ({theirs_us} µs)", f"{cpu:.2f}", "<= 1.0"))
     print_report(console, f"consume with an ack per message, deliveries/s ({result['scale']})", rows, result, args.json)
     if args.plot and python:
         groups = {case: {s: float(result[f"{s}_{case}_msgs_per_s"]) for s in SYSTEMS} for case in CASES}

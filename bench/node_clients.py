@@ -1,6 +1,6 @@
 """What the benchmarks share about the servers they drive: the server process's CPU time over the timed
-part, and the fast clients (Node on both sides: node-nats-streaming against ours, nats.js 2.x against
-JetStream; `bench/node/clients.js`, installed with `npm ci --prefix bench/node`)."""
+part, and the fast clients (Node on both sides: node-nats-streaming against ours and nats-streaming-server,
+nats.js 2.x against JetStream; `bench/node/clients.js`, installed with `npm ci --prefix bench/node`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import psutil
 from bench import peers
 
 NODE_DIR = Path(__file__).resolve().parent / "node"
-NODE_SYSTEMS = ("ours", "jetstream")
+# nats-streaming-server speaks STAN as ours does: the same node-nats-streaming client drives both.
+NODE_SYSTEMS = ("ours", "jetstream", *(("stan",) if peers.stan_binary() else ()))
 
 
 class ServerCpu:

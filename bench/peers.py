@@ -144,14 +144,41 @@ def redis(*, fsync: str = "everysec") -> Iterator[Server]:
         yield server
 
 
+def stan_binary() -> str | None:
+    """nats-streaming-server, the server ours replaces: `STAN_SERVER`, else the team's peer build
+    beside the repository (../shared/peers); None when neither is there (its columns are skipped)."""
+    root = Path(__file__).resolve().parents[1]
+    found = os.environ.get("STAN_SERVER") or str(root.parent / "shared" / "peers" / "nats-streaming-server")
+    return found if Path(found).is_file() and os.access(found, os.X_OK) else None
+
+
+def stan_command(binary: str, port: int, data: Path) -> list[str]:
+    return [binary, "-a", "127.0.0.1", "-p", str(port), "-st", "FILE", "--dir", str(data)]
+
+
+@contextmanager
+def stan(*, data: Path | None = None, keep: bool = False) -> Iterator[Server]:
+    """nats-streaming-server with its FILE store at its defaults (fsync on each flush of a batch)."""
+    binary = stan_binary()
+    if binary is None:
+        raise SystemExit("nats-streaming-server not found: set STAN_SERVER")
+    data = data or Path(tempfile.mkdtemp(prefix="bench-stan-"))
+    port = free_port()
+    with _running("stan", stan_command(binary, port, data / "store"), port, data, keep) as server:
+        yield server
+
+
 def start(system: str) -> AbstractContextManager[Server]:
-    """One of SYSTEMS, or ours_nosync (ours with `--file_sync=false`), at its benchmark settings."""
+    """One of SYSTEMS, ours_nosync (ours with `--file_sync=false`) or stan (nats-streaming-server), at
+    its benchmark settings."""
     if system == "ours":
         return ours()
     if system == "ours_nosync":
         return ours("--file_sync=false")
     if system == "redis":
         return redis()
+    if system == "stan":
+        return stan()
     return jetstream(sync_always=system == "jetstream_sync")
 
 

@@ -29,7 +29,10 @@ our server is): what any server reaches at best, and what one on Trio reaches at
 With `--clients node` (or `both`): 128 B with Node clients on both sides, ours and JetStream: pipelined
 (`node_ours_async_128_msgs_per_s`, `node_ratio_async_vs_jetstream`, server CPU per message) and one at a
 time against JetStream with an fsync per write (`node_ours_sync_128_msgs_per_s`,
-`node_ratio_sync_vs_jetstream_sync`, `node_ours_sync_fraction_of_limit`).
+`node_ratio_sync_vs_jetstream_sync`, `node_ours_sync_fraction_of_limit`); and, when nats-streaming-server
+is at hand (`STAN_SERVER`, else ../shared/peers), against it with the same node-nats-streaming client:
+`node_ratio_async_vs_stan` (target >= 1.5), `node_ratio_sync_vs_stan`, `node_cpu_ratio_<mode>_vs_stan`
+(server CPU per message, ours / it; target <= 1.0 pipelined).
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
 from bench.load import jetstream_publish, publish_pipelined, redis_xadd, sequential_rate  # noqa: E402
-from bench.node_clients import run_node  # noqa: E402
+from bench.node_clients import NODE_SYSTEMS, run_node  # noqa: E402
 from bench.peers import SYSTEMS  # noqa: E402
 from bench.report import arguments, bar_plot, machine, print_report, progress  # noqa: E402
 from streaming.client import connect  # noqa: E402
@@ -237,9 +240,17 @@ def main() -> None:
 
 def _node_cases(result: dict[str, Any], rows: list[tuple[str, str, str]], quick: bool) -> None:
     """Node clients on both sides, 128 B: pipelined against JetStream's default, and one at a time
-    against JetStream with an fsync per write."""
-    _node_pair(result, rows, "publish", "jetstream", 50_000 if quick else 200_000, ("<= 6 µs", ">= 3"))
-    _node_pair(result, rows, "sequential", "jetstream_sync", 2_000 if quick else 10_000, ("", ""))
+    against JetStream with an fsync per write; then both against nats-streaming-server when it is at
+    hand, with the same client as ours."""
+    pipelined, sequential = (50_000, 2_000) if quick else (200_000, 10_000)
+    _node_pair(result, rows, "publish", "jetstream", pipelined, ("<= 6 µs", ">= 3"))
+    _node_pair(result, rows, "sequential", "jetstream_sync", sequential, ("", ""))
+    if "stan" in NODE_SYSTEMS:  # the server ours replaces
+        for workload, count, target in (("publish", pipelined, "<= 1.0"), ("sequential", sequential, "")):
+            mine_us, theirs_us = _node_pair(result, rows, workload, "stan", count, ("", ">= 1.5" if target else ""))
+            mode = "async" if workload == "publish" else "sync"
+            cpu = result[f"node_cpu_ratio_{mode}_vs_stan"] = round(mine_us / theirs_us, 3)
+            rows.append((f"  {mode}: server CPU per message, ours / it ({theirs_us:.2f} µs)", f"{cpu:.2f}", target))
 
 
 def _node_pair(
@@ -249,19 +260,20 @@ def _node_pair(
     peer: str,
     count: int,
     targets: tuple[str, str],
-) -> None:
-    """One Node workload against ours and `peer`: rates, server CPU per message and the ratio, under
-    `node_<system>_<mode>_128_...` and `node_ratio_<mode>_vs_<peer>` (mode: async or sync)."""
+) -> tuple[float, float]:
+    """One Node workload against ours and `peer`, one after the other: rates, server CPU per message and
+    the ratio, under `node_<system>_<mode>_128_...` (ours': its first pair's) and
+    `node_ratio_<mode>_vs_<peer>` (mode: async or sync). Returns both servers' CPU µs per message."""
     mode = "async" if workload == "publish" else "sync"
-    for system in ("ours", peer):
-        rate, cpu_us = run_node(system, workload, count, 1, False, count)
-        result[f"node_{system}_{mode}_128_msgs_per_s"] = round(rate)
-        result[f"node_{system}_{mode}_128_server_us_per_msg"] = round(cpu_us, 2)
-    mine, theirs = result[f"node_ours_{mode}_128_msgs_per_s"], result[f"node_{peer}_{mode}_128_msgs_per_s"]
+    mine, mine_us = run_node("ours", workload, count, 1, False, count)
+    theirs, theirs_us = run_node(peer, workload, count, 1, False, count)
+    for system, rate, cpu_us in (("ours", mine, mine_us), (peer, theirs, theirs_us)):
+        result.setdefault(f"node_{system}_{mode}_128_msgs_per_s", round(rate))
+        result.setdefault(f"node_{system}_{mode}_128_server_us_per_msg", round(cpu_us, 2))
     ratio = result[f"node_ratio_{mode}_vs_{peer}"] = round(mine / theirs, 3)
-    mine_us = result[f"node_ours_{mode}_128_server_us_per_msg"]
-    rows.append((f"node clients, {mode} 128 B: ours", f"{mine:,} ({mine_us} µs server CPU each)", targets[0]))
-    rows.append((f"node clients, {mode} 128 B: {peer} (ours / it)", f"{theirs:,} ({ratio:.2f})", targets[1]))
+    rows.append((f"node clients, {mode} 128 B: ours", f"{mine:,.0f} ({mine_us:.2f} µs server CPU each)", targets[0]))
+    rows.append((f"node clients, {mode} 128 B: {peer} (ours / it)", f"{theirs:,.0f} ({ratio:.2f})", targets[1]))
+    return mine_us, theirs_us
 
 
 def _python_cases(

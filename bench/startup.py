@@ -36,14 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 from rich.console import Console  # noqa: E402
 
-from bench.peers import free_port, stop  # noqa: E402
+from bench.peers import free_port, stan_binary, stan_command, stop  # noqa: E402
 from bench.report import arguments, machine, print_report  # noqa: E402
-
-
-def stan_binary() -> str | None:
-    found = os.environ.get("STAN_SERVER") or str(ROOT.parent / "shared" / "peers" / "nats-streaming-server")
-    return found if Path(found).is_file() and os.access(found, os.X_OK) else None
-
 
 _ENV = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")  # what is compiled (or not) stays so across rounds
 
@@ -103,7 +97,7 @@ def run_once(system: str, binary: str | None) -> float:
             )
             return time.perf_counter() - started
         assert binary is not None
-        return answering([binary, "-a", "127.0.0.1", "-p", str(port), "-st", "FILE", "--dir", str(data)], port)
+        return answering(stan_command(binary, port, data), port)
     finally:
         shutil.rmtree(data, ignore_errors=True)
 

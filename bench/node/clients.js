@@ -1,6 +1,6 @@
 // Fast clients for the benchmarks: the same workload driven from Node on both sides.
 // Usage: node clients.js <system> <workload> <port> <messages> [subscribers] [queue]
-//   system: ours (node-nats-streaming) | jetstream (nats.js 2.x, a file stream)
+//   system: ours or stan (node-nats-streaming; stan: nats-streaming-server) | jetstream (nats.js 2.x, a file stream)
 //   workload: publish (pipelined, every PubAck awaited at the end) | sequential (one at a time, each
 //             PubAck awaited before the next publish; 300 untimed first) | consume (pre-published,
 //             then push delivery with an ack per message, MaxInflight / max_ack_pending 1024)
@@ -156,4 +156,4 @@ function finish(started, count) {
   done({ msgs_per_s: count / seconds, seconds, client_us_per_msg: (cpu.user + cpu.system) / count });
 }
 
-(system === 'ours' ? ours() : jetstream()).catch(fail);
+(system === 'ours' || system === 'stan' ? ours() : jetstream()).catch(fail);
