@@ -12,9 +12,9 @@ Every round runs each once, alternating, on a fresh data directory; figures are 
 (issue: start-up): ours answering within 0.3 s of exec. Full: 9 rounds; quick: 3.
 
 Our packages' bytecode is compiled before the first round, as `pip install .` compiles it: run from
-a checkout where Python may not write its cache (`PYTHONDONTWRITEBYTECODE=1`, as on the team's
-machines), every start would otherwise compile every module of ours from source, a cost no installed
-server pays (`--from-source` times that).
+a checkout where Python may not write its cache (`PYTHONDONTWRITEBYTECODE=1`, as on the machine that
+took the figures), every start would otherwise compile every module of ours from source, a cost no
+installed server pays (`--from-source` times that).
 """
 
 from __future__ import annotations
