@@ -19,7 +19,7 @@ import trio
 from storage import open_store
 from streaming.client import StartPosition, connect
 from streaming.stan.partitions import channel_partition
-from tests.support.servers import ServerProcess, free_port, state_stored, wait_for
+from tests.support.servers import ServerProcess, free_port, free_port_block, state_stored, wait_for
 
 pytestmark = pytest.mark.slow
 CID = "test-cluster"
@@ -118,11 +118,11 @@ def test_workers_share_the_channels_by_hash_and_come_back_after_a_kill(tmp_path:
 
 
 def test_the_cluster_demo_starts_three_nodes_and_three_servers_and_stops_them(tmp_path: Path) -> None:
-    base = free_port()
+    base = demo_ports()
     demo = start_demo(base, tmp_path)
     assert demo.stdout is not None
     try:
-        lines = [demo.stdout.readline() for _ in range(9)]
+        lines = demo_banner(demo)
         assert lines[0].startswith("NATS cluster") and f"nats://127.0.0.1:{base + 2}" in lines[3], lines
 
         async def use_it() -> None:
@@ -146,14 +146,29 @@ def test_the_cluster_demo_starts_three_nodes_and_three_servers_and_stops_them(tm
 def test_the_cluster_demo_stops_on_ctrl_c_when_started_as_a_background_job(tmp_path: Path) -> None:
     """A shell's background job starts with SIGINT ignored, and Python then installs no handler of its
     own: the demo sets its own, or Ctrl-C would do nothing."""
-    demo = start_demo(free_port(), tmp_path, preexec=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    demo = start_demo(demo_ports(), tmp_path, preexec=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     assert demo.stdout is not None
     try:
-        lines = [demo.stdout.readline() for _ in range(9)]
+        lines = demo_banner(demo)
         assert lines[0].startswith("NATS cluster"), lines
     finally:
         code, left = ctrl_c(demo, tmp_path)
     assert code == 0 and left == []
+
+
+def demo_ports() -> int:
+    """A base port for the demo: it listens on base + 0-2 (NATS), 100-102 (routes) and 200-203 (HTTP)."""
+    return free_port_block([0, 1, 2, 100, 101, 102, 200, 201, 202, 203])
+
+
+def demo_banner(demo: subprocess.Popen[str]) -> list[str]:
+    """The nine lines the demo prints once everything runs; if it stops first, what it said instead."""
+    assert demo.stdout is not None and demo.stderr is not None
+    lines = [demo.stdout.readline() for _ in range(9)]
+    if not lines[0]:  # its output ended: it is stopping
+        code = demo.wait(10)
+        pytest.fail(f"the demo stopped with {code} before it ran: {demo.stderr.read()}")
+    return lines
 
 
 def start_demo(base: int, directory: Path, preexec: Callable[[], object] | None = None) -> subprocess.Popen[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -43,6 +44,36 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def free_port_block(offsets: Iterable[int]) -> int:
+    """A base port such that base + each offset was free a moment ago, chosen below the kernel's
+    ephemeral range (where any outgoing connection may take a port at any time) when it can be."""
+    offsets = sorted(set(offsets))
+    low, _ = _ephemeral_range()
+    candidates = list(range(10_000, max(10_001, low - offsets[-1]), 97))
+    random.shuffle(candidates)
+    for base in candidates:
+        if all(_bindable(base + offset) for offset in offsets):
+            return base
+    raise RuntimeError(f"no block of free ports with offsets {offsets} below {low}")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 @asynccontextmanager
