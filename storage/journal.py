@@ -47,7 +47,7 @@ _FIRST_SIZE = 1 << 20  # then doubled as needed, 16 MiB at a time at most: each 
 _MAX_GROWTH = 16 << 20
 _SCAN_CHUNK = 4 << 20
 _ZEROS_SIZE = 1 << 20
-_ZEROS = bytes(_ZEROS_SIZE)
+_ZEROS = memoryview(bytes(_ZEROS_SIZE))  # sliced without a copy
 # Epochs a file can hold beyond the last checkpoint: the active file's, the unretired one's, and one
 # more for a switch whose checkpoint commit did not land.
 _LIVE_EPOCHS = 3
@@ -177,7 +177,7 @@ class JournalFile:
             at = start
             while at < stop:
                 size = min(_ZEROS_SIZE, stop - at)
-                written = os.pwrite(self.fd, _ZEROS[:size] if size < _ZEROS_SIZE else _ZEROS, at)
+                written = os.pwrite(self.fd, _ZEROS[:size], at)
                 if written != size:
                     raise OSError(errno.ENOSPC, f"short write ({written} of {size} bytes)")
                 at += size

@@ -90,13 +90,13 @@ class _Live:
 
 
 class _Staged:
-    """A request's publishes not yet handed to the core (engine channel and data each), the messages
-    they answer, and the channels this request may publish to, checked once each."""
+    """A request's publishes not yet handed to the core, the messages they answer, and the channels
+    this request may publish to, checked once each."""
 
     __slots__ = ("allowed", "answers", "publishes")
 
     def __init__(self) -> None:
-        self.publishes: list[tuple[str, bytes]] = []
+        self.publishes: list[Publish] = []
         self.answers: list[tuple[int, dict[str, Any]]] = []  # (index in the request's answer, message)
         # Bayeux channel -> engine channel, for those that passed every check: a busy client sends a
         # request's publishes to one or a few channels, and the user's permissions stay as they are.
@@ -215,11 +215,7 @@ class BayeuxDoor:
         """The answer `begin` started, once its publishes are committed (or refused)."""
         out = answer.parts
         for ticket, answers in answer.tickets:
-            outcomes = await ticket.outcomes()
-            if all(type(outcome) is int for outcome in outcomes):  # all stored: their answers stand
-                self._published += len(outcomes)
-                continue
-            for (index, message), outcome in zip(answers, outcomes, strict=True):
+            for (index, message), outcome in zip(answers, await ticket.outcomes(), strict=True):
                 if isinstance(outcome, Exception):
                     out[index] = bx.error(message, _publish_error(outcome))
                 else:
@@ -403,23 +399,17 @@ class BayeuxDoor:
             if isinstance(refusal, ChannelBeingDeleted):
                 return bx.error(message, bx.PUBLISH_FAILED)
             staged.allowed[channel] = engine_channel
-        staged.publishes.append((engine_channel, bx.encode_data(message.get("data"))))
+        data = bx.encode_data(message.get("data"))
+        staged.publishes.append(Publish(engine_channel, data, content_type=bx.DATA_CONTENT_TYPE))
         staged.answers.append((index, message))
         return bx.published(message)
 
     async def _submit(self, staged: _Staged) -> tuple[Ticket, list[tuple[int, dict[str, Any]]]]:
         """Hand the staged publishes (one request's) to the group commit as one run; waits while the
         commit queue is full (back-pressure, as for a STAN publisher)."""
-        runs, answers = staged.publishes, staged.answers
+        publishes, answers = staged.publishes, staged.answers
         staged.publishes, staged.answers = [], []
-        ticket = Ticket(len(runs))
-        content_type = bx.DATA_CONTENT_TYPE
-        # Built with their ticket as origin: one tuple per message, not one and then a copy.
-        publishes = [Publish(channel, data, "", "", "", ticket, content_type) for channel, data in runs]
-        pending = self.core.publish_many(publishes, ticket)
-        if pending is not None:
-            await pending
-        return ticket, answers
+        return await self.core.submit(publishes), answers
 
     # -- the outbound port ---------------------------------------------------------------------
 

@@ -339,13 +339,8 @@ def data_json(raw: bytes) -> tuple[bytes, str]:
 def delivery(channel_json: bytes, sub_id: int, seq: int, timestamp_unix_ns: int, raw: bytes) -> bytes:
     """One delivery as it goes into a connect reply, encoded once: `{channel, data, id, ext}`; its id
     is `<sub_id>x<seq>`, unique within the session."""
-    try:
-        orjson.loads(raw)  # `data_json`'s first question, asked here: a delivery's hot path
-    except orjson.JSONDecodeError:
-        data, how = data_json(raw)
-        encoding = b"" if how == "json" else b',"encoding":"' + how.encode() + b'"'
-    else:
-        data, encoding = raw, b""
+    data, how = data_json(raw)
+    encoding = b"" if how == "json" else b',"encoding":"' + how.encode() + b'"'
     return b'{"channel":%s,"data":%s,"id":"%dx%d","ext":{"seq":%d,"timestamp":%d%s}}' % (
         channel_json,
         data,

@@ -185,7 +185,10 @@ class DoorApi:
         outcomes; waits for room in a full commit queue first."""
         ticket = Ticket(len(publishes))
         if publishes:
-            pending = self.publish_many([p._replace(origin=ticket) for p in publishes], ticket)
+            # Each rebuilt with the ticket as its origin, field by field: half the cost of `_replace`,
+            # on the path of every HTTP publish.
+            run = [Publish(c, d, r, g, a, ticket, t) for c, d, r, g, a, _, t in publishes]
+            pending = self.publish_many(run, ticket)
             if pending is not None:
                 await pending
         return ticket
