@@ -43,7 +43,9 @@ from storage.records import (
 # 2: the LMDB store's publish journal (a version-1 server would not replay it); 3: journal records
 # keyed by the store (a version-2 server would not read them).
 SCHEMA_VERSION = 3
-VERIFY_MODES = ("full", "quick")  # what the LMDB store checks when it opens (see storage.integrity)
+# What the LMDB store checks when it opens (see storage.integrity): "background" is "quick" at open
+# and "full" while the server already serves (`Store.check_fully`).
+VERIFY_MODES = ("full", "background", "quick")
 # Channel names and client IDs are keys in the LMDB store (at most 511 bytes there); 255 bytes is what
 # nats-streaming-server's file store allows a channel (a directory name).
 MAX_NAME_BYTES = 255
@@ -192,6 +194,18 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def statistics(self) -> StoreStatistics: ...
+
+    @property
+    def unchecked(self) -> bool:
+        """A full check of what the store held when it opened is still to run (`check_fully`)."""
+        return False
+
+    def check_fully(self) -> str | None:
+        """Run the full check `unchecked` says is owed, while the store serves: None when everything is
+        intact, else the damage found, in one line naming the file. Until it has run clean, a read
+        that meets a damaged message returns only what comes before it and ends the check with that
+        damage, so nothing past a damaged message is served."""
+        return None
 
     def sync(self) -> None:  # noqa: B027 (a no-op is right for every store that syncs each commit)
         """Flush every commit so far to the disk; nothing to do for a store that syncs each one."""

@@ -38,6 +38,11 @@ class DamagedStoreError(IntegrityError):
     holds may no longer be what was acknowledged. str() names the file and what is wrong."""
 
 
+class DamageFoundError(DamagedStoreError):
+    """Damage that the full check, run while the store already served (`Store.check_fully`), found:
+    the server stops as it would have refused to start. str() names the file and what is wrong."""
+
+
 class StoreWriteError(StoreError):
     """A write to disk failed; the batch is not stored and nothing committed before is affected."""
 

@@ -86,6 +86,7 @@ from storage.errors import (
     SchemaVersionError,
     StoreError,
 )
+from storage.full_check import BackgroundCheck
 from storage.integrity import Damage
 from storage.journal import NAMES as JOURNAL_NAMES
 from storage.journal import Journal, Seed, keyed, unkeyed
@@ -114,7 +115,9 @@ _EMPTY: dict[int, tuple[bytes, bytes]] = {}
 # "full": every message's checksum and both environments' structure are checked at open (about 2 s
 # per million small messages here); "quick": the state environment's structure, the message file's
 # meta pages and length, and each channel's first and last message; damage elsewhere is found when a
-# message is read (it is skipped, logged and counted) or by `streaming-server check`.
+# message is read (it is skipped, logged and counted) or by `streaming-server check`; "background":
+# "quick" at open, then what "full" checks, in a process of its own while the store serves
+# (`check_fully`), reads stopping before any damaged message until it has passed.
 DAMAGED_LOG_LIMIT = 10_000  # damaged messages remembered (each is logged once)
 
 
@@ -182,6 +185,9 @@ class LmdbStore(Store):
         self._unretired: int | None = None  # a journal epoch whose checkpoint failed
         self._damaged: dict[tuple[str, int], None] = {}  # messages found damaged when read (bounded)
         self.damaged_reads = 0  # reads that met a damaged message
+        self._check_lock = threading.Lock()
+        self._check = BackgroundCheck() if verify == "background" else None  # owed until it passes
+        self._read_damage: list[str] = []  # what reads met while the check was owed
         self._lock = DirectoryLock(self.path)
         self._lock.acquire()
         self._envs: list[Environment] = []
@@ -556,25 +562,39 @@ class LmdbStore(Store):
             try:
                 out += [decode_message(key, value, name) for key, value in items]
             except IntegrityError:
-                out += self._decode_skipping(info, items)
+                intact, held = self._decode_skipping(info, items)
+                out += intact
+                if held:
+                    break
             start = key_seq(items[-1][0]) + 1
         return out
 
-    def _decode_skipping(self, info: ChannelInfo, items: list[tuple[bytes, bytes | memoryview]]) -> list[Message]:
-        """Decode what is intact, report the rest: one damaged message must not hide the ones after."""
+    def _decode_skipping(
+        self, info: ChannelInfo, items: list[tuple[bytes, bytes | memoryview]]
+    ) -> tuple[list[Message], bool]:
+        """Decode what is intact, report the rest: one damaged message must not hide the ones after,
+        unless the full check is still owed (True: the read ends before the damaged message)."""
         out = []
         for key, value in items:
             try:
                 out.append(decode_message(key, value, info.name))
             except IntegrityError as exc:
-                self._found_damaged(key, exc)
-        return out
+                if self._found_damaged(key, exc):
+                    return out, True
+        return out, False
 
-    def _found_damaged(self, key: bytes, exc: IntegrityError) -> None:
+    def _found_damaged(self, key: bytes, exc: IntegrityError) -> bool:
+        """Report a damaged message a read met. True while the full check is owed: the check ends at
+        once with this damage (`check_fully`), and the read must not go past the message."""
         self.damaged_reads += 1
+        with self._check_lock:
+            if self._check is not None:
+                self._read_damage.append(str(exc))
+                self._check.stop()
+                return True
         where = (MSG_KEY.unpack(key)[0], key_seq(key))
         if where in self._damaged or len(self._damaged) >= DAMAGED_LOG_LIMIT:
-            return
+            return False
         self._damaged[where] = None
         log.error(
             "%s in %s: it is skipped and every other message is still delivered; "
@@ -583,6 +603,29 @@ class LmdbStore(Store):
             self._msgs.path / "data.mdb",
             self.path,
         )
+        return False
+
+    @property
+    def unchecked(self) -> bool:
+        return self._check is not None
+
+    def check_fully(self) -> str | None:
+        check = self._check
+        if check is None:
+            return None
+        damage = check.run(self._msgs)
+        msgs_data = self._msgs.path / "data.mdb"
+        with self._check_lock:
+            if self._read_damage:
+                return f"{msgs_data}: {self._read_damage[0]} (found by a read before the full check ended)"
+            if damage is None:  # stopped: the store is closing
+                return None
+            if damage:
+                lines = damage.lines()
+                more = f" (and {len(lines) - 1} more problems)" if len(lines) > 1 else ""
+                return f"{msgs_data}: {lines[0]}{more}"
+            self._check = None
+        return None
 
     def get(self, channel: str, seq: int) -> Message | None:
         return self.get_many(channel, [seq])[0]
@@ -609,7 +652,7 @@ class LmdbStore(Store):
                 try:
                     message = decode_message(key, value, name)
                 except IntegrityError as exc:
-                    self._found_damaged(key, exc)
+                    self._found_damaged(key, exc)  # not served either way
             out.append(message)
         return out
 
@@ -804,6 +847,8 @@ class LmdbStore(Store):
             self._state.sync()
 
     def close(self) -> None:
+        if self._check is not None:
+            self._check.stop()
         try:
             if self._checkpoints.stop():  # opened completely (else the journal was not read)
                 # A clean stop leaves an empty journal: the next open replays nothing.

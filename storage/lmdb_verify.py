@@ -5,7 +5,7 @@ show existed, the journal files as long as they were), and the messages (every c
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import cast
 
@@ -80,41 +80,44 @@ def scan_messages(msgs: Environment, bounds: list[tuple[ChannelInfo, int]]) -> D
     """Every message LMDB holds of each channel (`bounds`: its record and the last sequence copied into
     LMDB), checksum by checksum, and each channel's count against its record (sequences a repair
     recorded as lost are not missing). Messages only in the journal were verified when it was read."""
+    return msgs.read(lambda txn: scan_snapshot(txn, msgs.dbs, bounds))
+
+
+def scan_snapshot(
+    txn: lmdb.Transaction, dbs: Mapping[str, lmdb._Database], bounds: list[tuple[ChannelInfo, int]]
+) -> Damage:
+    """`scan_messages` in one read transaction of the message environment (`dbs`: its databases)."""
     damage = Damage()
-    db, meta = msgs.dbs["messages"], msgs.dbs["meta"]
-
-    def scan(txn: lmdb.Transaction) -> None:
-        cursor = txn.cursor(db=db)
-        for info, in_lmdb in bounds:
-            cid, last = info.channel_id, min(in_lmdb, info.last_seq)
-            if last < info.first_seq:
-                continue
-            end, present, bad = MSG_KEY.pack(cid, last), 0, []
-            if cursor.set_range(MSG_KEY.pack(cid, info.first_seq)):
-                for key, value in cast("Iterator[tuple[bytes, bytes]]", cursor.iternext()):
-                    if key > end:
-                        break
-                    present += 1
-                    if not value_intact(key, value):
-                        bad.append(key_seq(key))
-            if bad:
-                damage.damaged[info.name] = set(bad)
-            expected = info.msgs - (info.last_seq - last)  # the rest is in the journal
-            if present != expected:
-                lost = decode_lost(txn.get(lost_key(cid), db=meta))
-                gone = {
-                    seq
-                    for seq in range(info.first_seq, last + 1)
-                    if seq not in lost and txn.get(MSG_KEY.pack(cid, seq), db=db) is None
-                }
-                if gone:
-                    damage.missing[info.name] = gone
-                else:
-                    damage.problems.append(
-                        f"channel {info.name!r}: its record counts {expected} messages, but {present} are stored"
-                    )
-
-    msgs.read(scan)
+    db, meta = dbs["messages"], dbs["meta"]
+    cursor = txn.cursor(db=db)
+    for info, in_lmdb in bounds:
+        cid, last = info.channel_id, min(in_lmdb, info.last_seq)
+        if last < info.first_seq:
+            continue
+        end, present, bad = MSG_KEY.pack(cid, last), 0, []
+        if cursor.set_range(MSG_KEY.pack(cid, info.first_seq)):
+            for key, value in cast("Iterator[tuple[bytes, bytes]]", cursor.iternext()):
+                if key > end:
+                    break
+                present += 1
+                if not value_intact(key, value):
+                    bad.append(key_seq(key))
+        if bad:
+            damage.damaged[info.name] = set(bad)
+        expected = info.msgs - (info.last_seq - last)  # the rest is in the journal
+        if present != expected:
+            lost = decode_lost(txn.get(lost_key(cid), db=meta))
+            gone = {
+                seq
+                for seq in range(info.first_seq, last + 1)
+                if seq not in lost and txn.get(MSG_KEY.pack(cid, seq), db=db) is None
+            }
+            if gone:
+                damage.missing[info.name] = gone
+            else:
+                damage.problems.append(
+                    f"channel {info.name!r}: its record counts {expected} messages, but {present} are stored"
+                )
     return damage
 
 

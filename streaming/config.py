@@ -92,9 +92,10 @@ class ServerConfig:
     # (a machine crash loses up to that much, and can damage the store; a crash of the process loses nothing).
     file_sync: bool = True
     sync_interval: Duration = Duration(1.0)
-    # What the lmdb store checks at start: "full" (every message's checksum and both files' structure)
-    # or "quick" (what it needs at once; other damage is found when read, or by `streaming-server check`).
-    verify_on_start: str = "full"
+    # What the lmdb store checks: "full" (every message's checksum and both files' structure, before
+    # serving), "background" (what "quick" checks before serving, the rest of "full" while it serves:
+    # damage stops the server) or "quick" (other damage is found when read, or by `streaming-server check`).
+    verify_on_start: str = "background"
     max_channels: int = 100
     max_subs: int = 1000
     limits: LimitsConfig = LimitsConfig()
@@ -174,7 +175,9 @@ class ServerConfig:
         if self.store not in ("lmdb", "memory"):
             raise ConfigError(f"store: expected 'lmdb' or 'memory', got {self.store!r}")
         if self.verify_on_start not in VERIFY_MODES:
-            raise ConfigError(f"verify_on_start: expected 'full' or 'quick', got {self.verify_on_start!r}")
+            raise ConfigError(
+                f"verify_on_start: expected 'background', 'full' or 'quick', got {self.verify_on_start!r}"
+            )
         if not 0 <= self.port < 65536 or not -1 <= self.http_port < 65536 or not -1 <= self.http_api_port < 65536:
             raise ConfigError("port must be between 0 and 65535, http_port and http_api_port between -1 and 65535")
         if self.bayeux_timeout <= 0 or self.bayeux_max_interval <= 0 or self.bayeux_interval < 0:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from storage import Store, StoreError, open_store
+from storage import DamageFoundError, Store, StoreError, open_store
 from streaming.bayeux.door import BayeuxDoor
 from streaming.bayeux.protocol import BayeuxSettings
 from streaming.config import ConfigError, ServerConfig
@@ -208,6 +208,8 @@ async def serve(
             await nursery.start(core.run)
             if after_recovery is not None:
                 after_recovery()
+            if store.unchecked:
+                nursery.start_soon(check_store, store)
             if config.nats_server:
                 port = await nursery.start(link.serve)
                 if partition is not None:
@@ -243,6 +245,14 @@ async def serve(
         with trio.move_on_after(10, shield=True):
             await trio.to_thread.run_sync(store.close)
         log.info("store closed")
+
+
+async def check_store(store: Store) -> None:
+    """The full check `verify_on_start = "background"` owes, while the server serves; damage it finds
+    (or a read meets first) stops the server, as the same damage would have stopped its start."""
+    damage = await trio.to_thread.run_sync(store.check_fully, abandon_on_cancel=True)
+    if damage is not None:
+        raise DamageFoundError(damage)
 
 
 async def serve_http_api(

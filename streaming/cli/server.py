@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from storage import DamagedStoreError, StoreError
+from storage import DamagedStoreError, DamageFoundError, StoreError
 from streaming.cli.flags import flag
 from streaming.cli.maintenance import maintenance_main, way_forward
 from streaming.config import ConfigError, ServerConfig, load, merged
@@ -126,9 +126,11 @@ def _server_parser() -> argparse.ArgumentParser:
     store("--sync_interval", type=dur, help="with --file_sync=false: how often to flush (default 1s)")
     store(
         "--verify_on_start",
-        choices=["full", "quick"],
-        help="what the lmdb store checks before serving: full (every message's checksum, default) or quick "
-        "(damage elsewhere is found when a message is read, or by `streaming-server check`)",
+        choices=["background", "full", "quick"],
+        help="what the lmdb store checks: background (default: the files' headers before serving, then the "
+        "message file's pages and every message's checksum while serving, stopping the server on damage; "
+        "nothing past a damaged message is served), full (all of that before serving) or quick (damage "
+        "elsewhere is found when a message is read, or by `streaming-server check`)",
     )
     store("--recovery_hold", type=dur, help="after a restart, wait this long for clients with pending messages (5s)")
 
@@ -251,7 +253,9 @@ def server_main(argv: list[str] | None = None) -> int:
         trio.run(_run_member if config.ft_group else _run_server, config)
     except* (StoreError, OSError, ConfigError, LinkError, PartitionConflict, TlsError, GroupError) as group:
         for error in _leaves(group):
-            if isinstance(error, DamagedStoreError):
+            if isinstance(error, DamageFoundError):
+                log.error("stopping: the full check found damage: %s; %s", error, way_forward(config.dir))
+            elif isinstance(error, DamagedStoreError):
                 log.error("cannot start: %s; %s", error, way_forward(config.dir))
             else:
                 log.error("cannot start: %s", error)

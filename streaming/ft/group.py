@@ -191,7 +191,9 @@ class Member:
             config.cluster_id,
             config.store_limits(),
             sync=False,  # the log is the durable copy; the local one is flushed with its position
-            verify=config.verify_on_start,
+            # A member's damaged copy is rebuilt from the log, so it must be known before the copy
+            # serves: a member checks in full where a lone server would check in the background.
+            verify="full" if config.verify_on_start == "background" else config.verify_on_start,
         )
         try:
             position = Position.load(Path(config.dir))

@@ -65,3 +65,17 @@ def test_a_burst_of_first_deliveries_in_one_lane_reports_when_each_was_sent() ->
     assert pending.remove_many([4, 2]) == ([(3, 11.0), (1, 10.0)], False)
     assert pending.remove_many([9]) == ([None], True)
     assert len(pending) == 0
+
+
+@given(_HISTORY, st.dictionaries(st.integers(1, 14), st.integers(1, 4), max_size=12))
+def test_adding_many_due_is_adding_each_in_sequence_order(
+    history: list[tuple[int, tuple[str, int, float]]], attempts: dict[int, int]
+) -> None:
+    """A recovered subscription's pending messages, into an empty set (recovery) or not."""
+    for before in ([], history):
+        one_by_one, at_once = _build(before), _build(before)
+        for seq in sorted(attempts):
+            one_by_one.add_due(seq, attempts[seq], Reason.RESTART)
+        at_once.add_due_many(attempts, Reason.RESTART)
+        assert _state(at_once) == _state(one_by_one)
+        assert list(at_once.due()) == list(one_by_one.due()), "due in the same order"

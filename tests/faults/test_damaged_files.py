@@ -1,7 +1,8 @@
 """Damaged, truncated, emptied and deleted files under a real server, killed mid-run: the server either
-starts with every acknowledged message, or refuses to start with one line that names the damaged file
-and the way forward, and then `streaming-server repair` keeps everything intact and reports exactly
-which messages are lost. Never silent loss, never a crash (SIGBUS) instead of an answer.
+serves every acknowledged message, or refuses to start (or, when its full check finds the damage while
+it serves, stops) with one line that names the damaged file and the way forward, and then
+`streaming-server repair` keeps everything intact and reports exactly which messages are lost. Never
+silent loss, never a crash (SIGBUS) instead of an answer.
 
 One store is made once (messages in LMDB and in the journal, a durable subscriber that has been sent
 them all and acked some, large messages on overflow pages) and copied for each case.
@@ -9,6 +10,7 @@ them all and acked some, large messages on overflow pages) and copied for each c
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 import shutil
@@ -22,7 +24,7 @@ import trio
 from storage import ChannelLimits, LmdbStore, StoreLimits
 from streaming.client import StartPosition, connect
 from tests.faults.clients import CID, number, payload, publish, read_channel
-from tests.support.servers import ServerProcess, command, free_port, state_stored
+from tests.support.servers import ServerProcess, command, free_port, state_stored, wait_for
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -198,6 +200,11 @@ def _stored(directory: Path) -> set[int]:
         return {number(m.data) for m in store.read("orders", 1, 10**6)}
 
 
+def _checked(log: list[str]) -> bool:
+    """The server's log says the full check found the store intact."""
+    return any(re.search(r"full check of \S+: intact", line) for line in log)
+
+
 def _lost(report: str) -> set[int]:
     seqs: set[int] = set()
     for spans in re.findall(r"channel 'orders': \d+ messages? lost: ([\d, -]+)", report):
@@ -218,7 +225,9 @@ def test_damage_is_refused_by_name_or_harmless_and_repair_keeps_the_rest(
     started = ServerProcess(["-p", "0", "--dir", str(directory)])
     try:
         started.start(timeout=60)
-        refused = None
+        # The full check runs while it serves: wait for its verdict (it stops the server on damage).
+        wait_for(lambda: started.proc is None or started.proc.poll() is not None or _checked(started.log), 60)
+        refused = None if _checked(started.log) else started.log
     except RuntimeError:
         refused = started.log
     finally:
@@ -227,7 +236,7 @@ def test_damage_is_refused_by_name_or_harmless_and_repair_keeps_the_rest(
         assert acked <= _stored(directory), f"{case}: the server started without messages it had acknowledged"
         return
     assert started.proc is not None and started.proc.returncode == 1, "refused with an error, not a crash"
-    errors = [line for line in refused if "cannot start:" in line]
+    errors = [line for line in refused if "cannot start:" in line or "stopping: the full check found damage:" in line]
     assert len(errors) == 1, refused
     named = "journal" if "journal" in damaged else damaged
     assert named in errors[0], errors[0]
@@ -253,6 +262,32 @@ def test_damage_is_refused_by_name_or_harmless_and_repair_keeps_the_rest(
     else:
         assert missing <= lost, f"lost without being reported: {sorted(missing - lost)[:10]}"
     assert missing == lost & acked or not (lost & acked) - missing
+
+
+async def test_by_default_nothing_past_a_damaged_message_is_served_and_the_server_stops(
+    pristine: tuple[Path, frozenset[int]], tmp_path: Path
+) -> None:
+    """The default check runs while the server serves: a DeliverAll subscriber that connects at once
+    gets nothing past the damaged message (whichever of its read and the check meets it first), and
+    the server stops with the line that names it."""
+    source, _ = pristine
+    directory = tmp_path / "data"
+    shutil.copytree(source, directory, ignore=shutil.ignore_patterns("LOCK"))
+    every_copy("msgs/data.mdb", payload(120), 5, 50)(directory)
+    server = ServerProcess(["-p", "0", "--dir", str(directory)]).start()
+    got: dict[int, bytes] = {}
+    try:
+        with contextlib.suppress(Exception):  # the server may stop under the reader
+            got = await read_channel(server.port, "orders")
+        assert server.proc is not None
+        server.proc.wait(30)
+    finally:
+        server.stop()
+    assert all(n < 120 for n in got), f"served past the damaged message: {sorted(n for n in got if n >= 120)[:5]}"
+    assert server.proc.returncode == 1
+    stops = [line for line in server.log if "stopping: the full check found damage:" in line]
+    assert len(stops) == 1, server.log
+    assert "'orders'" in stops[0] and "121" in stops[0] and "msgs/data.mdb" in stops[0]
 
 
 async def test_reading_goes_past_a_damaged_message(pristine: tuple[Path, frozenset[int]], tmp_path: Path) -> None:

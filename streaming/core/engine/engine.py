@@ -875,8 +875,7 @@ class Engine(EffectsAccumulator):
         its client is registered and it was not closed."""
         record = attrs.evolve(record, is_closed=not online)
         sub = Sub(record, group, online)
-        for seq in sorted(pending):
-            sub.pending.add_due(seq, pending[seq], Reason.RESTART)
+        sub.pending.add_due_many(pending, Reason.RESTART)
         self._add(sub)
         if record.is_durable and not record.queue_group:
             self._durables[(record.client_id, record.channel, record.durable_name)] = sub
