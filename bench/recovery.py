@@ -1,5 +1,5 @@
-"""Restart cost with a full store, ours vs NATS JetStream: time to serve again, memory, and (ours) how
-soon the pending messages come back.
+"""Restart cost with a full store, ours vs NATS JetStream and nats-streaming-server: time to serve
+again, memory, and how soon the pending messages come back.
 
     python bench/recovery.py [--quick] [--json]
 
@@ -8,13 +8,20 @@ Each system gets 1,000,000 stored 128-byte messages (quick: 100,000) and a durab
 before the restart). The server is stopped (SIGTERM) and started again on the same data directory:
 - `<system>_ready_s`: from starting the process to its port accepting connections;
 - `<system>_rss_mb`: resident memory (process tree) once ready;
-- `ours_first_delivery_s`: from starting the process to the first message the re-attached durable
-  receives (a pending one: STAN redelivers them first, at once, after a restart), and
-  `ours_pending_redelivered_s` until all of them came back;
-- `jetstream_consumer_ready_s`: from starting the process to its answer about the durable consumer
-  (with all its pending counted). JetStream sends pending messages again only when their ack_wait
-  ends, and nothing new while max_ack_pending is used up, so there is no first delivery to time;
+- `ours_serves_s`, `stan_serves_s`: from starting the process to a STAN connect answered (the port
+  of nats-streaming-server's embedded NATS server opens before its store is recovered, so the port
+  alone does not say it serves); `jetstream_consumer_ready_s`: to its answer about the durable
+  consumer (with all its pending counted);
+- `ours_first_delivery_s`, `stan_first_delivery_s`: from starting the process to the first message
+  the re-attached durable receives (a pending one: STAN redelivers them first, at once, after a
+  restart), and `<system>_pending_redelivered_s` until all of them came back. JetStream sends pending
+  messages again only when their ack_wait ends, and nothing new while max_ack_pending is used up, so
+  there is no first delivery to time;
 - `<system>_disk_mb`: the data directory's size.
+Both STAN servers are filled and resumed by the same client (ours, in Python); nats-streaming-server
+(FILE store, its defaults) is skipped when its binary is absent (`STAN_SERVER`, else ../shared/peers).
+Our server checks every message in the background after a restart (`verify_on_start`, default
+"background": docs/storage.md): `ours_rss_mb` includes that check's process.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from rich.console import Console  # noqa: E402
 from bench import peers  # noqa: E402
 from bench.load import jetstream_publish, publish_pipelined  # noqa: E402
 from bench.report import arguments, machine, print_report, progress  # noqa: E402
-from streaming.client import StartPosition, connect  # noqa: E402
+from streaming.client import ConnectionClosedError, NatsError, StanError, StartPosition, connect  # noqa: E402
 
 PAYLOAD = b"x" * 128
 ACK_WAIT = 600
@@ -71,7 +78,17 @@ async def _ours_fill(port: int, stored: int, pending: int) -> None:
             await sub.next_msg()  # not acked; the durable keeps them when the client goes
 
 
-async def _ours_resume(port: int, pending: int, started: float) -> tuple[float, float]:
+async def _ours_resume(port: int, pending: int, started: float) -> tuple[float, float, float]:
+    """Seconds from `started` to a STAN connect answered, to the first pending message back, and to
+    the last (our client against either STAN server)."""
+    with trio.fail_after(120):
+        while True:  # until the server answers a connect (nats-streaming-server: once it recovered)
+            try:
+                async with connect("test-cluster", "bench-probe", port=port, request_timeout_s=0.5):
+                    break
+            except (OSError, NatsError, StanError, ConnectionClosedError):  # not serving yet
+                await trio.sleep(0.005)
+    serves = time.perf_counter() - started
     async with connect("test-cluster", "bench-fill", port=port) as sc:  # a durable belongs to its client id
         sub = await sc.open_subscription(
             "recover", durable="d", ack_wait=ACK_WAIT, max_inflight=pending, manual_ack=True
@@ -84,7 +101,7 @@ async def _ours_resume(port: int, pending: int, started: float) -> tuple[float, 
         with trio.fail_after(120):
             for _ in range(pending - 1):
                 (await sub.next_msg()).ack()
-        return first, time.perf_counter() - started
+        return serves, first, time.perf_counter() - started
 
 
 async def _js_fill(port: int, stored: int, pending: int) -> None:
@@ -127,14 +144,30 @@ def run_ours(stored: int, pending: int) -> dict[str, float]:
     with peers.ours(data=data, keep=True) as server:
         trio.run(_ours_fill, server.port, stored, pending)
         port = server.port
-    proc, started = _restart(peers.our_command(port, data / "store"), port)
+    return _resume_stan(peers.our_command(port, data / "store"), port, pending, data)
+
+
+def run_stan(stored: int, pending: int) -> dict[str, float]:
+    binary = peers.stan_binary()
+    assert binary is not None
+    data = Path(tempfile.mkdtemp(prefix="bench-recovery-stan-"))
+    with peers.stan(data=data, keep=True) as server:
+        trio.run(_ours_fill, server.port, stored, pending)
+        port = server.port
+    return _resume_stan(peers.stan_command(binary, port, data / "store"), port, pending, data)
+
+
+def _resume_stan(command: list[str], port: int, pending: int, data: Path) -> dict[str, float]:
+    """Start a STAN server on its filled directory again; time it, and the durable's pending."""
+    proc, started = _restart(command, port)
     try:
         ready = time.perf_counter() - started
         rss = _rss_mb(proc.pid)
-        first, drained = trio.run(_ours_resume, port, pending, started)
+        serves, first, drained = trio.run(_ours_resume, port, pending, started)
         return {
             "ready_s": round(ready, 3),
             "rss_mb": round(rss, 1),
+            "serves_s": round(serves, 3),
             "first_delivery_s": round(first, 3),
             "pending_redelivered_s": round(drained, 3),
             "disk_mb": round(_disk_mb(data), 1),
@@ -176,17 +209,27 @@ def main() -> None:
         "stored": stored,
         "pending": pending,
     }
+    runners = [("ours", run_ours), ("jetstream", run_jetstream)]
+    if peers.stan_binary() is not None:
+        runners.append(("stan", run_stan))
     with progress(console) as bar:
-        task = bar.add_task("fill, stop, restart", total=2)
-        for name, runner in (("ours", run_ours), ("jetstream", run_jetstream)):
+        task = bar.add_task("fill, stop, restart", total=len(runners))
+        for name, runner in runners:
             bar.update(task, description=f"{name}: fill {stored:,}, {pending:,} pending, restart")
             for key, value in runner(stored, pending).items():
                 result[f"{name}_{key}"] = value
             bar.advance(task)
     result["ready_ratio_vs_jetstream"] = round(result["ours_ready_s"] / result["jetstream_ready_s"], 3)
     result["rss_ratio_vs_jetstream"] = round(result["ours_rss_mb"] / result["jetstream_rss_mb"], 3)
-    rows = [(key, f"{value}", "") for key, value in result.items() if key.startswith(("ours_", "jetstream_"))]
-    rows += [(k, f"{result[k]}", "") for k in ("ready_ratio_vs_jetstream", "rss_ratio_vs_jetstream")]
+    ratios = ["ready_ratio_vs_jetstream", "rss_ratio_vs_jetstream"]
+    if "stan_serves_s" in result:
+        for key in ("serves_s", "first_delivery_s", "pending_redelivered_s", "rss_mb"):
+            result[f"{key.removesuffix('_s').removesuffix('_mb')}_ratio_vs_stan"] = round(
+                result[f"ours_{key}"] / result[f"stan_{key}"], 3
+            )
+        ratios += [k for k in result if k.endswith("_ratio_vs_stan")]
+    rows = [(key, f"{value}", "") for key, value in result.items() if key.startswith(("ours_", "jetstream_", "stan_"))]
+    rows += [(k, f"{result[k]}", "") for k in ratios]
     print_report(
         console, f"restart with {stored:,} stored, {pending:,} pending ({result['scale']})", rows, result, args.json
     )

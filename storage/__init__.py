@@ -57,6 +57,7 @@ from storage.records import (
 )
 
 if TYPE_CHECKING:
+    from storage.integrity import WalkAhead
     from storage.lmdb_store import LmdbStore
 
 
@@ -75,18 +76,30 @@ def open_store(
     *,
     sync: bool = True,
     verify: str = "full",
+    state_walk: WalkAhead | None = None,
 ) -> Store:
     """Open the store the configuration names: "lmdb" (needs a directory; `sync=False`: no fsync per
-    commit; `verify`: what is checked at open, see lmdb_store) or "memory"."""
+    commit; `verify`: what is checked at open, see lmdb_store; `state_walk`: its state file's structure
+    walk, begun earlier by `walk_ahead`) or "memory"."""
     if kind == "memory":
         return MemoryStore(cluster_id, limits)
     if kind == "lmdb":
         if directory is None:
             raise ValueError("the lmdb store needs a data directory")
         lmdb_store: Any = importlib.import_module("storage.lmdb_store")
-        store: Store = lmdb_store.LmdbStore(directory, cluster_id, limits, sync=sync, verify=verify)
+        store: Store = lmdb_store.LmdbStore(
+            directory, cluster_id, limits, sync=sync, verify=verify, state_walk=state_walk
+        )
         return store
     raise ValueError(f"unknown store kind {kind!r} (expected 'lmdb' or 'memory')")
+
+
+def walk_ahead(directory: str | Path) -> WalkAhead:
+    """Begin the structure walk of the LMDB store's state file in `directory` on another core, for
+    `open_store` to use (a forked child: call it before any thread exists)."""
+    integrity: Any = importlib.import_module("storage.integrity")
+    walk: WalkAhead = integrity.WalkAhead(Path(directory) / "state")
+    return walk
 
 
 __all__ = [
@@ -137,4 +150,5 @@ __all__ = [
     "UnknownChannelError",
     "net_effect",
     "open_store",
+    "walk_ahead",
 ]

@@ -87,7 +87,7 @@ from storage.errors import (
     StoreError,
 )
 from storage.full_check import BackgroundCheck
-from storage.integrity import Damage
+from storage.integrity import Damage, WalkAhead
 from storage.journal import NAMES as JOURNAL_NAMES
 from storage.journal import Journal, Seed, keyed, unkeyed
 from storage.limits import StoreLimits, plan_eviction
@@ -159,7 +159,9 @@ class LmdbStore(Store):
         checkpoint_bytes: int = CHECKPOINT_BYTES,
         checkpoint_interval: float = CHECKPOINT_INTERVAL_S,
         verify: str = "full",
+        state_walk: WalkAhead | None = None,
     ) -> None:
+        """`state_walk`: the state file's structure walk, begun earlier (`WalkAhead`)."""
         if verify not in VERIFY_MODES:
             raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, not {verify!r}")
         super().__init__(limits or StoreLimits())
@@ -192,7 +194,7 @@ class LmdbStore(Store):
         self._lock.acquire()
         self._envs: list[Environment] = []
         try:
-            self._open(cluster_id, map_size, max_map_size, verify)
+            self._open(cluster_id, map_size, max_map_size, verify, state_walk)
         except BaseException:
             self.close()
             raise
@@ -204,7 +206,9 @@ class LmdbStore(Store):
 
     # -- opening -------------------------------------------------------------------------------
 
-    def _open(self, cluster_id: str, map_size: int, max_map_size: int, verify: str) -> None:
+    def _open(
+        self, cluster_id: str, map_size: int, max_map_size: int, verify: str, state_walk: WalkAhead | None
+    ) -> None:
         """Check the files, open both environments and the journal, replay it, start checkpointing.
 
         Nothing is handed to LMDB before it is known to be whole (integrity.py): a store that is
@@ -212,7 +216,7 @@ class LmdbStore(Store):
         msgs_dir, state_dir = self.path / "msgs", self.path / "state"
         msgs_data, state_data = msgs_dir / "data.mdb", state_dir / "data.mdb"
         journals = [msgs_dir / name for name in JOURNAL_NAMES]
-        check_files(msgs_dir, state_dir, journals, verify)
+        check_files(msgs_dir, state_dir, journals, verify, state_walk)
 
         # Always synced: LMDB is written only by checkpoints, and a checkpoint must be whole on disk
         # before the journal file it copied is written again.

@@ -14,14 +14,16 @@ import lmdb
 from storage.codec import MSG_KEY, U32, U64, decode_lost, key_seq, lost_key, value_intact
 from storage.environment import Environment
 from storage.errors import DamagedStoreError
-from storage.integrity import Damage, is_empty_or_missing, lmdb_file_problem, structure_problems
+from storage.integrity import Damage, WalkAhead, is_empty_or_missing, lmdb_file_problem, structure_problems
 from storage.records import ChannelInfo
 
 
-def check_files(msgs_dir: Path, state_dir: Path, journals: list[Path], verify: str) -> None:
+def check_files(
+    msgs_dir: Path, state_dir: Path, journals: list[Path], verify: str, state_walk: WalkAhead | None = None
+) -> None:
     """Before opening: each LMDB file whole (and, with "full" for the messages, its structure), and no
     store whose message file is gone while the others hold data. Raises DamagedStoreError naming the
-    file."""
+    file. `state_walk`: the state file's structure walk, begun earlier."""
     msgs_data, state_data = msgs_dir / "data.mdb", state_dir / "data.mdb"
     for data in (msgs_data, state_data):
         if not is_empty_or_missing(data):
@@ -37,7 +39,10 @@ def check_files(msgs_dir: Path, state_dir: Path, journals: list[Path], verify: s
             )
     for env_dir, check in ((state_dir, True), (msgs_dir, verify == "full")):
         if check and not is_empty_or_missing(env_dir / "data.mdb"):
-            problems = structure_problems(env_dir)
+            if state_walk is not None and state_walk.env_dir == env_dir:
+                problems = state_walk.problems()
+            else:
+                problems = structure_problems(env_dir)
             if problems:
                 more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
                 raise DamagedStoreError(f"{env_dir / 'data.mdb'} is damaged: {problems[0]}{more}")

@@ -22,7 +22,6 @@ from streaming.security.auth import Authenticator, User
 from streaming.security.origins import OriginError, Origins
 from streaming.security.permissions import Permissions, Rule
 from streaming.security.tls import TlsFiles
-from streaming.stan.partitions import parse_hash_partition
 from streaming.units import Duration, Size, parse_bool, parse_duration, parse_size
 from streaming.wire.urls import parse_urls
 
@@ -222,6 +221,8 @@ class ServerConfig:
             if not self.nats_server:
                 raise ConfigError("hash_partition needs nats_server (`--workers` sets both)")
             try:
+                from streaming.stan.partitions import parse_hash_partition  # it loads Trio (start-up time)
+
                 parse_hash_partition(self.hash_partition)
             except ValueError as exc:
                 raise ConfigError(f"hash_partition: {exc}") from None

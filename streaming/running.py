@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
 
 from storage import Store
-from streaming.bayeux.door import BayeuxDoor
 from streaming.core.door_api import DoorApi
 from streaming.core.service import Core
 from streaming.ft.status import FtStatus
 from streaming.nats.broker import Broker
 from streaming.nats.bus import Bus
 from streaming.observability.event_log import EventLog
-from streaming.pull.door import PullDoor
 from streaming.stan.door import StanDoor
 from streaming.stan.partitions import Partition
+
+if TYPE_CHECKING:  # loaded only by a server that serves them
+    from streaming.bayeux.door import BayeuxDoor
+    from streaming.pull.door import PullDoor
 
 
 @attrs.define

@@ -19,8 +19,6 @@ from typing import TYPE_CHECKING
 import trio
 
 from storage import DamageFoundError, Store, StoreError, open_store
-from streaming.bayeux.door import BayeuxDoor
-from streaming.bayeux.protocol import BayeuxSettings
 from streaming.config import ConfigError, ServerConfig
 from streaming.core.door_api import DoorApi
 from streaming.core.observers import Fanout
@@ -30,8 +28,6 @@ from streaming.nats.broker import Broker, BrokerConfig
 from streaming.nats.bus import Bus
 from streaming.nats.link import LinkOptions, NatsLink
 from streaming.observability.event_log import EventLog
-from streaming.pull.door import PullDoor
-from streaming.pull.protocol import PullSettings
 from streaming.running import Running
 from streaming.security.auth import NkeySeed, read_creds
 from streaming.security.tls import TlsFiles, client_context, server_context
@@ -41,8 +37,15 @@ from streaming.stan.partitions import Claims, Partition, parse_hash_partition
 from streaming.wire.urls import parse_urls
 
 if TYPE_CHECKING:
+    from storage.integrity import WalkAhead
+
+    # The HTTP doors are loaded only by a server that serves them (start-up time).
+    from streaming.bayeux.door import BayeuxDoor
+    from streaming.bayeux.protocol import BayeuxSettings
     from streaming.observability.metrics import Metrics
     from streaming.observability.monitor import Monitor
+    from streaming.pull.door import PullDoor
+    from streaming.pull.protocol import PullSettings
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +119,8 @@ def link_options(config: ServerConfig) -> LinkOptions:
 
 
 def bayeux_settings(config: ServerConfig) -> BayeuxSettings:
+    from streaming.bayeux.protocol import BayeuxSettings
+
     return BayeuxSettings(
         timeout_s=config.bayeux_timeout,
         interval_s=config.bayeux_interval,
@@ -125,6 +130,8 @@ def bayeux_settings(config: ServerConfig) -> BayeuxSettings:
 
 
 def pull_settings(config: ServerConfig) -> PullSettings:
+    from streaming.pull.protocol import PullSettings
+
     return PullSettings(
         max_pull_wait_s=config.pull_max_wait,
         tombstone_ttl_s=config.pull_tombstone_ttl,
@@ -151,12 +158,14 @@ async def serve(
     *,
     after_recovery: Callable[[], None] | None = None,
     store: Store | None = None,
+    state_walk: WalkAhead | None = None,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the server until cancelled. Store errors at startup (lock, cluster ID, schema) propagate.
     `after_recovery` runs once the store is recovered, before any client is served (the entry point's
     process-wide settings: `tune_gc`). `store`: serve this one (an FT group's replicated store) rather
-    than open the one `config` names; it is closed all the same."""
+    than open the one `config` names; it is closed all the same. `state_walk`: the walk of the store's
+    state file, begun earlier (`storage.walk_ahead`)."""
     replicated = store is not None
     if store is None:
         directory = config.dir if config.store == "lmdb" else None
@@ -169,6 +178,7 @@ async def serve(
                 config.store_limits(),
                 sync=config.file_sync,
                 verify=config.verify_on_start,
+                state_walk=state_walk,
             )
         )
     try:
@@ -198,8 +208,13 @@ async def serve(
         )
         api = DoorApi(core)
         stan = StanDoor(stan_config(config), bus, api, partition)
-        bayeux = BayeuxDoor(api, bayeux_settings(config)) if config.http_api_port else None
-        pull = PullDoor(api, pull_settings(config)) if config.http_api_port else None
+        bayeux: BayeuxDoor | None = None
+        pull: PullDoor | None = None
+        if config.http_api_port:
+            from streaming.bayeux.door import BayeuxDoor
+            from streaming.pull.door import PullDoor
+
+            bayeux, pull = BayeuxDoor(api, bayeux_settings(config)), PullDoor(api, pull_settings(config))
         async with trio.open_nursery() as nursery:
             if event_log is not None:
                 await nursery.start(event_log.run)

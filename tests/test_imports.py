@@ -46,6 +46,15 @@ def test_the_server_loads_its_http_stacks_only_for_the_ports_that_use_them() -> 
     assert not {"hypercorn", "starlette", "prometheus_client"} & loaded
 
 
+def test_the_server_command_reads_its_configuration_before_loading_the_server() -> None:
+    """A bad flag or file is answered without loading Trio, the engine or the doors; a server without
+    users starts without bcrypt and cryptography, one without the HTTP client port without its doors."""
+    loaded = loaded_by("import streaming.cli.server")
+    assert not [m for m in loaded if m.startswith(("trio", "streaming.core", "streaming.stan.", "streaming.server"))]
+    serving = loaded_by("import streaming.cli.run, streaming.server")
+    assert not [m for m in serving if m.startswith(("bcrypt", "cryptography", "streaming.bayeux", "streaming.pull"))]
+
+
 def test_lmdb_store_is_there_when_named() -> None:
     loaded = loaded_by("from storage import LmdbStore")
     assert "lmdb" in loaded

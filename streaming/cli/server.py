@@ -3,35 +3,22 @@
 Flags follow nats-streaming-server where users look for them (`-p`, `--cluster_id`, `--store`,
 `--dir`, `--max_msgs`, `-m/--http_port`, `-c/--config`, `-D/-V`); flags override the TOML file.
 `streaming-server check` and `streaming-server repair` are streaming.cli.maintenance's, and
-`streaming-server import-stan` streaming.cli.import_stan's.
+`streaming-server import-stan` streaming.cli.import_stan's. What runs once the configuration is good
+is streaming.cli.run's (a bad flag or file is answered before Trio and the server are loaded).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-from collections.abc import AsyncIterator
-from functools import partial
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import trio
-
-from storage import DamagedStoreError, DamageFoundError, StoreError
 from streaming.cli.flags import flag
-from streaming.cli.maintenance import maintenance_main, way_forward
-from streaming.config import ConfigError, ServerConfig, load, merged
-from streaming.ft.status import GroupError
-from streaming.nats.link import LinkError
+from streaming.cli.maintenance import maintenance_main
+from streaming.config import ConfigError, load, merged
 from streaming.security.tls import TlsError, server_context
-from streaming.stan.partitions import PartitionConflict
 from streaming.units import parse_bool, parse_duration, parse_size
-from streaming.workers import WorkerPlan, WorkersError, forwarded_arguments, supervise
-
-if TYPE_CHECKING:
-    from streaming.running import Running
 
 log = logging.getLogger("streaming")
 
@@ -247,107 +234,16 @@ def server_main(argv: list[str] | None = None) -> int:
     level = logging.DEBUG if args.debug or args.trace else getattr(logging, config.log_level.upper(), logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s [%(levelname)s] %(name)s: %(message)s", stream=sys.stderr)
     if workers:
-        return _workers_main(config, workers, argv)
-    failed = False
-    try:
-        trio.run(_run_member if config.ft_group else _run_server, config)
-    except* (StoreError, OSError, ConfigError, LinkError, PartitionConflict, TlsError, GroupError) as group:
-        for error in _leaves(group):
-            if isinstance(error, DamageFoundError):
-                log.error("stopping: the full check found damage: %s; %s", error, way_forward(config.dir))
-            elif isinstance(error, DamagedStoreError):
-                log.error("cannot start: %s; %s", error, way_forward(config.dir))
-            else:
-                log.error("cannot start: %s", error)
-        failed = True
-    return 1 if failed else 0
+        from streaming.cli.run import run_workers
 
+        return run_workers(config, workers, argv)
+    state_walk = None
+    if config.store == "lmdb" and not config.ft_group:
+        from storage import walk_ahead
 
-def _workers_main(config: ServerConfig, count: int, argv: list[str]) -> int:
-    plan = WorkerPlan(
-        count,
-        config.host,
-        config.port,
-        Path(config.dir),
-        config.cluster_id,
-        http_port=config.http_port,
-        forwarded=forwarded_arguments(argv),
-    )
-    failed = False
-    try:
-        trio.run(_run_workers, plan)
-    except* (WorkersError, OSError) as group:
-        for error in _leaves(group):
-            log.error("cannot run the workers: %s", error)
-        failed = True
-    return 1 if failed else 0
+        # The state file's structure walk runs on another core while Trio and the server load.
+        state_walk = walk_ahead(config.dir)
+    # Trio, the engine and the doors are loaded only now: a bad flag or file is answered at once.
+    from streaming.cli.run import run_server
 
-
-async def _run_workers(plan: WorkerPlan) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(supervise, plan)
-            # Tests and scripts wait for this exact line, as for one server.
-            log.info("Listening for client connections on %s:%d", plan.host, plan.port)
-            await _stop_on_signal(signals, nursery, "stopping the workers, then the nats-server")
-    log.info("workers stopped")
-
-
-async def _stop_on_signal(signals: AsyncIterator[int], nursery: trio.Nursery, doing: str) -> None:
-    """At SIGINT or SIGTERM, say so and stop what `nursery` runs."""
-    async for signum in signals:
-        log.info("received %s: %s", signal.Signals(signum).name, doing)
-        nursery.cancel_scope.cancel()
-        break
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
-    out: list[BaseException] = []
-    for exc in group.exceptions:
-        out += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
-    return out
-
-
-async def _run_server(config: ServerConfig) -> None:
-    from streaming.server import serve, tune_gc
-
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-            # Recovered, before any client: what exists then is frozen out of the collector's scans.
-            running = await nursery.start(partial(serve, config, after_recovery=tune_gc))
-            where = f"in {config.dir}" if config.store == "lmdb" else "in memory (nothing survives a restart)"
-            log.info("store: %s %s", config.store, where)
-            if not running.store.synced:
-                log.warning(
-                    "file_sync is off: commits reach the disk every %gs; "
-                    "a machine crash can lose that much and damage the store",
-                    config.sync_interval,
-                )
-            if config.nats_server:
-                owned = ", ".join(running.partition.patterns) if running.partition is not None else "all"
-                # Tests and scripts wait for this line.
-                log.info("Serving STAN clients through the NATS cluster at %s (channels: %s)", running.bus.url, owned)
-            else:
-                # Tests and scripts wait for this exact line (nats-server prints the same).
-                log.info("Listening for client connections on %s:%d", config.host, running.port)
-            await _stop_on_signal(signals, nursery, "shutting down")
-    log.info("server stopped")
-
-
-async def _run_member(config: ServerConfig) -> None:
-    from streaming.ft.group import serve_member
-    from streaming.server import tune_gc
-
-    def on_active(running: Running) -> None:
-        # Tests and scripts wait for this line, as for a single server attached to a cluster.
-        log.info("Serving STAN clients through the NATS cluster at %s (ft group %s)", running.bus.url, config.ft_group)
-
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(partial(serve_member, config, after_recovery=tune_gc, on_active=on_active))
-            log.info("store: lmdb in %s, a copy of ft group %s's log", config.dir, config.ft_group)
-            await _stop_on_signal(signals, nursery, "shutting down")
-    log.info("server stopped")
-
-
-# -- the `streaming` client command ----------------------------------------------------------------
+    return run_server(config, state_walk)

@@ -20,10 +20,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-import bcrypt
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from streaming.security.permissions import Compiled, Permissions
 
@@ -109,6 +105,8 @@ class Authenticator:
         key = (user.name, _digest(given))
         if key in self._proven:
             return user.name
+        import bcrypt  # only a server with hashed passwords loads it (start-up time)
+
         try:
             right = bcrypt.checkpw(given.encode(), user.password.encode())
         except ValueError:  # a malformed hash in the configuration
@@ -152,6 +150,9 @@ class NkeySeed:
         valid = len(raw) == 36 and raw[0] & 0xF8 == _NKEY_SEED and _crc_ok(raw)
         if not valid or ((raw[0] & 7) << 5 | raw[1] >> 3) != _NKEY_USER:
             raise ValueError("not a user's nkey seed (SU...)")
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+        from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
         self._key = Ed25519PrivateKey.from_private_bytes(raw[2:34])
         public = self._key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
         self.public = _encoded(bytes([_NKEY_USER]) + public)
@@ -178,6 +179,9 @@ def _signed(nkey: str, signature: object, nonce: str) -> bool:
     key = public_nkey(nkey)
     if key is None or not nonce or not isinstance(signature, str):
         return False
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     padded = signature + "=" * (-len(signature) % 4)
     try:
         raw = base64.urlsafe_b64decode(padded) if "+" not in padded and "/" not in padded else base64.b64decode(padded)
