@@ -1,4 +1,5 @@
-"""Publish-to-delivery latency at a fixed rate (2,000 msgs/s), ours vs NATS JetStream, same run.
+"""Publish-to-delivery latency at a fixed rate (2,000 msgs/s), ours vs NATS JetStream and
+nats-streaming-server, same run.
 
     python bench/latency.py [--quick] [--json] [--plot FILE.png] [--systems ours,...] [--runs N]
 
@@ -12,14 +13,17 @@ CPU and the clients on the others (`peers.pin_apart`; `--no-pin` to leave them w
   JetStream's default promises, so like for like with it;
 - jetstream: `publish_async` to a stream, push consumer (AckExplicit), nats-py; at its default a
   message is delivered before any fsync;
-- jetstream_sync: the same with `sync_interval: always` (an fsync per write, as ours): like for like.
+- jetstream_sync: the same with `sync_interval: always` (an fsync per write, as ours): like for like;
+- stan: nats-streaming-server (FILE store, its defaults: fsync per flushed batch), driven exactly as
+  ours by our client; skipped when its binary is absent (`STAN_SERVER`, else ../shared/peers).
 
 `--systems ours --runs 4` runs ours alone four times (each figure the median over the runs): how the
 changes behind bench/README.md's latency figures were compared. The plot shows each system's last run.
 
 JSON keys: `<system>_p50_ms`, `<system>_p99_ms`, `<system>_max_ms`; ours also as `p50_ms`,
 `p99_ms`; `p50_ratio_vs_jetstream`, `p99_ratio_vs_jetstream` = ours / JetStream's (target <= 1: no
-worse), and `*_ratio_vs_jetstream_sync` against the syncing JetStream; `nosync_p50_ratio_vs_jetstream`,
+worse), `*_ratio_vs_jetstream_sync` against the syncing JetStream, `*_ratio_vs_stan` against
+nats-streaming-server; `nosync_p50_ratio_vs_jetstream`,
 `nosync_p99_ratio_vs_jetstream` = ours_nosync / JetStream's default.
 """
 
@@ -134,19 +138,17 @@ def run(system: str, seconds: float, pin: bool = True) -> list[float]:
     with peers.start(system) as server:
         if pin:
             peers.pin_apart(server)
-        if system.startswith("ours"):
+        if system.startswith("ours") or system == "stan":  # both STAN servers: the same client
             return trio.run(_ours, server.port, seconds)
         return asyncio.run(_jetstream(server.port, seconds))
 
 
-SYSTEMS = ("ours", "ours_nosync", "jetstream", "jetstream_sync")
+SYSTEMS = ("ours", "ours_nosync", "jetstream", "jetstream_sync", *(("stan",) if peers.stan_binary() else ()))
 
 
 def main() -> None:
     parser = arguments(__doc__, quick="4 s per system", plot="latency distribution (CDF) of each system")
-    parser.add_argument(
-        "--systems", default=",".join(SYSTEMS), help="which to run, comma-separated (default: all four)"
-    )
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="which to run, comma-separated (default: all)")
     parser.add_argument("--runs", type=int, default=1, help="runs per system; each figure is the median over the runs")
     parser.add_argument("--no-pin", action="store_true", help="leave the server and the clients where Linux puts them")
     args = parser.parse_args()
@@ -178,7 +180,7 @@ def main() -> None:
     if "ours" in systems:
         result["p50_ms"], result["p99_ms"] = result["ours_p50_ms"], result["ours_p99_ms"]
     # (ours, peer, key prefix): ours against both JetStreams; ours_nosync against the default one.
-    pairs = [("ours", peer, "") for peer in ("jetstream", "jetstream_sync")]
+    pairs = [("ours", peer, "") for peer in ("jetstream", "jetstream_sync", "stan")]
     pairs.append(("ours_nosync", "jetstream", "nosync_"))
     pairs = [(mine, peer, prefix) for mine, peer, prefix in pairs if mine in systems and peer in systems]
     rows = [(f"{s}: {q}", f"{result[f'{s}_{q}']:.3f}", "") for s in systems for q in ("p50_ms", "p99_ms", "max_ms")]

@@ -61,7 +61,19 @@ def _disk_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
 
 
+async def _serving(port: int) -> None:
+    """Until a STAN connect is answered (nats-streaming-server opens its port before it recovered)."""
+    with trio.fail_after(120):
+        while True:
+            try:
+                async with connect("test-cluster", "bench-probe", port=port, request_timeout_s=0.5):
+                    return
+            except (OSError, NatsError, StanError, ConnectionClosedError):  # not serving yet
+                await trio.sleep(0.005)
+
+
 async def _ours_fill(port: int, stored: int, pending: int) -> None:
+    await _serving(port)
     async with connect("test-cluster", "bench-fill", port=port) as sc:
         for first in range(0, stored, 100_000):
             await publish_pipelined(sc, "recover", min(100_000, stored - first), PAYLOAD)
@@ -81,13 +93,7 @@ async def _ours_fill(port: int, stored: int, pending: int) -> None:
 async def _ours_resume(port: int, pending: int, started: float) -> tuple[float, float, float]:
     """Seconds from `started` to a STAN connect answered, to the first pending message back, and to
     the last (our client against either STAN server)."""
-    with trio.fail_after(120):
-        while True:  # until the server answers a connect (nats-streaming-server: once it recovered)
-            try:
-                async with connect("test-cluster", "bench-probe", port=port, request_timeout_s=0.5):
-                    break
-            except (OSError, NatsError, StanError, ConnectionClosedError):  # not serving yet
-                await trio.sleep(0.005)
+    await _serving(port)
     serves = time.perf_counter() - started
     async with connect("test-cluster", "bench-fill", port=port) as sc:  # a durable belongs to its client id
         sub = await sc.open_subscription(

@@ -27,6 +27,7 @@ and ack-progress change it only for subscriptions that ask.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import islice
 
 import attrs
 
@@ -647,13 +648,23 @@ class Engine(EffectsAccumulator):
             self._send_new(sub, now)
 
     def _drain_due(self, sub: Sub, now: float) -> None:
-        """Redeliver what is due, in order; forced past MaxInflight unless the option says otherwise."""
+        """Redeliver what is due, in order; forced past MaxInflight unless the option says otherwise.
+        The messages are read READ_BATCH at a time (one store read each), not one by one: a durable
+        resumed after a restart may have 100,000 due."""
         limit_redeliveries = sub.record.options.max_inflight_redeliveries
+        channel = sub.record.channel
+        ahead: dict[int, Message | None] = {}
         while (item := sub.pending.peek_due()) is not None:
             if limit_redeliveries and sub.pending.in_flight >= sub.record.max_inflight:
                 return
             seq, reason = item
-            message = self._reader.read_one(sub.record.channel, seq)
+            if seq not in ahead:  # the due queue is in order: read on from here
+                count = READ_BATCH
+                if limit_redeliveries:
+                    count = min(count, sub.record.max_inflight - sub.pending.in_flight)
+                seqs = list(islice(sub.pending.due(), count))
+                ahead = dict(zip(seqs, self._reader.read_many(channel, seqs), strict=True))
+            message = ahead.pop(seq)
             if message is None:  # evicted by a limit meanwhile: it never comes back
                 self._forget(sub, seq)
                 self._emit_if(ExpiredByLimit(sub.ref, seq))
