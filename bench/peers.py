@@ -59,6 +59,33 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 60.0) -
     raise RuntimeError(f"nothing listening on port {port}")
 
 
+def wait_stan(port: int, cluster_id: str = "test-cluster", timeout: float = 60.0) -> None:
+    """Until a STAN server on `port` answers a connect request. nats-streaming-server opens its NATS
+    port before it has recovered its store and subscribed to its discover subject; a client that
+    connects meanwhile gets no answer. An empty request is answered with an error once it listens."""
+    probe = (
+        b'CONNECT {"verbose":false,"pedantic":false}\r\nSUB _PROBE.reply 1\r\n'
+        + f"PUB _STAN.discover.{cluster_id} _PROBE.reply 0\r\n\r\nPING\r\n".encode()
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as conn:
+                conn.sendall(probe)
+                seen = b""
+                while b"MSG _PROBE.reply" not in seen:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    seen += chunk
+                else:
+                    return
+        except OSError:  # refused, or no answer within the timeout: not serving yet
+            pass
+        time.sleep(0.02)
+    raise RuntimeError(f"no STAN server answered on port {port}")
+
+
 def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.terminate()
     try:
@@ -165,6 +192,7 @@ def stan(*, data: Path | None = None, keep: bool = False) -> Iterator[Server]:
     data = data or Path(tempfile.mkdtemp(prefix="bench-stan-"))
     port = free_port()
     with _running("stan", stan_command(binary, port, data / "store"), port, data, keep) as server:
+        wait_stan(port)
         yield server
 
 
