@@ -88,6 +88,12 @@ class StateWriter:
     def store_writable(self) -> None:
         """A publish commit went through after refusals."""
 
+    def more(self) -> bool:
+        """The engine has more to send than a step sends (`Engine.pump_more`). True: this writer will
+        call `Pipeline.pump_more` soon, after other work had its turn; False (here): the pipeline
+        sends it all now."""
+        return False
+
 
 class Pipeline:
     def __init__(
@@ -127,16 +133,26 @@ class Pipeline:
             return
         self._settling = True
         try:
-            while engine.has_effects():
-                effects = engine.take_effects()
-                if effects.deliveries:
-                    self.outbound.deliver(effects.deliveries)
-                if effects.dead_letters or effects.updates:
-                    self.state.queue(effects.dead_letters, effects.updates)
-                if effects.timer_changes:
-                    self.state.rearm(effects.timer_changes)
+            while True:
+                while engine.has_effects():
+                    effects = engine.take_effects()
+                    if effects.deliveries:
+                        self.outbound.deliver(effects.deliveries)
+                    if effects.dead_letters or effects.updates:
+                        self.state.queue(effects.dead_letters, effects.updates)
+                    if effects.timer_changes:
+                        self.state.rearm(effects.timer_changes)
+                if not engine.has_more() or self.state.more():
+                    break
+                engine.pump_more(self.clock())
         finally:
             self._settling = False
+
+    def pump_more(self) -> None:
+        """Send the next step's worth of what the engine's pumps left (its state writer's call)."""
+        if self.engine.has_more():
+            self.engine.pump_more(self.clock())
+        self.settle()
 
     def defer(self) -> None:
         """Until `settle()`, engine calls made through here leave their effects queued (an input span

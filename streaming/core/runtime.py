@@ -109,6 +109,7 @@ class EngineRuntime(StateWriter):
         self._nursery: trio.Nursery | None = None
         self._expired: dict[int, None] = {}  # subscriptions whose deadline passed, in order
         self._expiry_work = trio.Event()
+        self._more_work = trio.Event()  # the engine has more to send than one step sent
         self._pass_done = trio.Event()  # set whenever the expiry worker has nothing queued
         self._deadlines: list[tuple[float, int]] = []  # (due, sub id) heap; stale entries skipped
         self._sweep_wake: trio.CancelScope | None = None
@@ -147,6 +148,7 @@ class EngineRuntime(StateWriter):
                 self._nursery = nursery
                 nursery.start_soon(self._flusher)
                 nursery.start_soon(self._expiry_worker)
+                nursery.start_soon(self._more_worker)
                 limits = self.store.limits
                 if limits.channel.max_inactivity_s > 0 or any(
                     c.max_inactivity_s > 0 for c in limits.per_channel.values()
@@ -188,6 +190,21 @@ class EngineRuntime(StateWriter):
             self._retry_scope.cancel()
         if not (self._updates or self._dead):
             self.write_error = None  # else the retry it wakes says whether the state lands
+
+    def more(self) -> bool:
+        if self._nursery is None:  # not running (stopping): the pipeline sends it all now
+            return False
+        self._more_work.set()
+        return True
+
+    async def _more_worker(self) -> None:
+        """Sends what the engine's pumps left, a step at a time (`Engine.pump_more`), yielding in
+        between: the deliveries of each step go out, and other clients are served, before the next."""
+        while True:
+            await self._more_work.wait()
+            self._more_work = trio.Event()
+            await trio.lowlevel.checkpoint()
+            self.pipeline.pump_more()
 
     async def write_now(self) -> bool:
         """Write everything queued at once (no linger) and wait for it: True once it is stored; False

@@ -71,6 +71,11 @@ from streaming.core.engine.state import Client, Group, Sub, SubscribeRequest, Su
 from streaming.core.errors import RequestError
 
 READ_BATCH = 256
+# The most messages one pump of a subscription (or a queue group) sends in one engine step; what is
+# left is sent by `pump_more` in the next step, after the runtime let the deliveries out and other
+# clients in. A durable resumed with 100,000 pending, or a MaxInflight of 100,000 over a backlog,
+# would otherwise hold the event loop for ~0.5 s before its first message went out.
+PUMP_STEP = 4096
 
 
 class Engine(EffectsAccumulator):
@@ -86,6 +91,7 @@ class Engine(EffectsAccumulator):
         self._clients: dict[str, Client] = {}
         self._reader = MessageReader(store)
         self._to_pump: dict[int, float] = {}  # subscriptions acks made room in -> the latest ack's now
+        self._more: dict[int, float] = {}  # subscriptions a pump left with more to send (PUMP_STEP)
         self._last_seq: dict[str, int] = {}  # channel -> last stored sequence (kept by on_appended)
         self._activity = ChannelActivity(store, self._active_subs)
 
@@ -104,6 +110,18 @@ class Engine(EffectsAccumulator):
     def _pump_acked(self) -> None:
         to_pump, self._to_pump = self._to_pump, {}
         for sub_id, now in to_pump.items():
+            sub = self._subs.get(sub_id)
+            if sub is not None and sub.online:
+                self._pump_sub(sub, now)
+
+    def has_more(self) -> bool:
+        """Some subscription has more to send than one step sends (`pump_more`)."""
+        return bool(self._more)
+
+    def pump_more(self, now: float) -> None:
+        """Go on sending what the last steps' pumps left (PUMP_STEP), one more step's worth each."""
+        more, self._more = self._more, {}
+        for sub_id in more:
             sub = self._subs.get(sub_id)
             if sub is not None and sub.online:
                 self._pump_sub(sub, now)
@@ -642,29 +660,34 @@ class Engine(EffectsAccumulator):
         if sub.group is not None:
             self._pump_group(sub.group, now)
             return
+        budget = PUMP_STEP
         if sub.pending.due_count and not self._hb_failed(sub):
-            self._drain_due(sub, now)
-        if not sub.pending.due_count:
-            self._send_new(sub, now)
+            budget = self._drain_due(sub, now, budget)
+        if not sub.pending.due_count and budget:
+            budget = self._send_new(sub, now, budget)
+        if not budget:
+            self._more[sub.record.sub_id] = now
 
-    def _drain_due(self, sub: Sub, now: float) -> None:
-        """Redeliver what is due, in order; forced past MaxInflight unless the option says otherwise.
-        The messages are read READ_BATCH at a time (one store read each), not one by one: a durable
-        resumed after a restart may have 100,000 due."""
+    def _drain_due(self, sub: Sub, now: float, budget: int) -> int:
+        """Redeliver what is due, in order, at most `budget` messages (what is left of it is returned);
+        forced past MaxInflight unless the option says otherwise. The messages are read READ_BATCH at
+        a time (one store read each), not one by one: a durable resumed after a restart may have
+        100,000 due."""
         limit_redeliveries = sub.record.options.max_inflight_redeliveries
         channel = sub.record.channel
         ahead: dict[int, Message | None] = {}
-        while (item := sub.pending.peek_due()) is not None:
+        while budget and (item := sub.pending.peek_due()) is not None:
             if limit_redeliveries and sub.pending.in_flight >= sub.record.max_inflight:
-                return
+                break
             seq, reason = item
             if seq not in ahead:  # the due queue is in order: read on from here
-                count = READ_BATCH
+                count = min(READ_BATCH, budget)
                 if limit_redeliveries:
                     count = min(count, sub.record.max_inflight - sub.pending.in_flight)
                 seqs = list(islice(sub.pending.due(), count))
                 ahead = dict(zip(seqs, self._reader.read_many(channel, seqs), strict=True))
             message = ahead.pop(seq)
+            budget -= 1
             if message is None:  # evicted by a limit meanwhile: it never comes back
                 self._forget(sub, seq)
                 self._emit_if(ExpiredByLimit(sub.ref, seq))
@@ -675,6 +698,7 @@ class Engine(EffectsAccumulator):
                 self._dead_letter(sub, message, attempt - 1)
                 continue
             self._send(sub, message, attempt, reason, now)
+        return budget
 
     def _channel_last(self, channel: str) -> int:
         last = self._last_seq.get(channel)
@@ -683,31 +707,37 @@ class Engine(EffectsAccumulator):
             last = self._last_seq[channel] = info.last_seq if info is not None else 0
         return last
 
-    def _send_new(self, sub: Sub, now: float) -> None:
+    def _send_new(self, sub: Sub, now: float, budget: int) -> int:
+        """Send what is new, at most `budget` messages; what is left of the budget is returned."""
         if sub.last_sent >= self._channel_last(sub.record.channel) or sub.stalled:
-            return  # the common case after an ack: nothing new (no store lookup)
+            return budget  # the common case after an ack: nothing new (no store lookup)
         info = self.store.channel_info(sub.record.channel)
         if info is None:
-            return
+            return budget
         start = sub.last_sent
-        while sub.last_sent < info.last_seq and not sub.stalled:
+        while budget and sub.last_sent < info.last_seq and not sub.stalled:
             room = sub.window - len(sub.pending)
-            batch = self._reader.read(sub.record.channel, sub.last_sent + 1, min(room, READ_BATCH))
+            batch = self._reader.read(sub.record.channel, sub.last_sent + 1, min(room, READ_BATCH, budget))
             if not batch:
                 sub.last_sent = info.last_seq  # the rest was evicted
                 break
             self._send_first(sub, batch, now)
             sub.last_sent = batch[-1].seq
+            budget -= len(batch)
         if sub.last_sent != start:
             self._updates.append(SetLastSent(sub.record.sub_id, sub.last_sent))
+        return budget
 
     def _pump_group(self, group: Group, now: float) -> None:
         blocked = False
+        budget = PUMP_STEP
         for each in group.members:
-            if each.pending.due_count and not self._hb_failed(each):
-                self._drain_due(each, now)
+            if each.pending.due_count and not self._hb_failed(each) and budget:
+                budget = self._drain_due(each, now, budget)
             if each.pending.due_count and not self._hb_failed(each):
                 blocked = True  # its redeliveries still wait for room: new messages wait too
+        if not budget and group.members:
+            self._more[group.members[0].record.sub_id] = now
         if blocked or group.last_sent >= self._channel_last(group.channel):
             return  # the common case after an ack: nothing new (no store lookup)
         info = self.store.channel_info(group.channel)
@@ -718,6 +748,9 @@ class Engine(EffectsAccumulator):
         member: Sub | None
         failed = self._failing(group)  # once: no client's heartbeat state changes during a pump
         while group.last_sent < info.last_seq:
+            if not budget:
+                self._more[group.members[0].record.sub_id] = now
+                break
             member = group.pick(for_new=True, failed=failed)
             if member is None:
                 break  # every member is stalled: the group is stalled (no store lookups)
@@ -727,10 +760,11 @@ class Engine(EffectsAccumulator):
                 for m in group.members
                 if not m.stalled and not m.pending.due_count and m not in failed
             )
-            batch = self._reader.read(group.channel, group.last_sent + 1, min(room, READ_BATCH))
+            batch = self._reader.read(group.channel, group.last_sent + 1, min(room, READ_BATCH, budget))
             if not batch:
                 group.last_sent = info.last_seq
                 break
+            budget -= len(batch)
             # `_send` of each message, inlined: members take a read one message at a time, and a
             # call per message showed in a queue group's consume (bench/README.md, *Figures behind
             # choices*).
@@ -852,9 +886,11 @@ class Engine(EffectsAccumulator):
                     self._send(sub, message, pending.attempt(seq) + 1, Reason.ACK_TIMEOUT, now)
             return len(expired)
         if sub.group is None:
-            self._drain_due(sub, now)
-            if not sub.pending.due_count:
-                self._send_new(sub, now)
+            budget = self._drain_due(sub, now, PUMP_STEP)
+            if not sub.pending.due_count and budget:
+                budget = self._send_new(sub, now, budget)
+            if not budget:
+                self._more[sub.record.sub_id] = now
             return len(expired)
         group = sub.group
         for seq, _ in expired:
