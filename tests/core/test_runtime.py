@@ -28,6 +28,7 @@ from storage import (
 )
 from streaming.core.door_api import DoorApi
 from streaming.core.engine import Engine, Reason, SubscribeRequest
+from streaming.core.engine.engine import PUMP_STEP
 from streaming.core.outbound import Publish
 from streaming.core.pipeline import Pipeline
 from streaming.core.runtime import EngineRuntime
@@ -175,6 +176,31 @@ async def test_a_long_expiry_yields_so_acks_are_not_starved(autojump_clock: trio
         assert len(w.sent) - before == 20_000 - 1, "every expired message was redelivered but the acked one"
         assert min(progress_seen) < 20_000 - 1, "the ack task ran while the expiry was in progress"
         assert w.runtime.statistics().expiry_passes >= 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_large_backlog_goes_out_a_step_at_a_time(autojump_clock: trio.testing.MockClock) -> None:
+    """A subscription that may take 20,000 at once, and 20,000 messages committed together: the first
+    step's deliveries go out (and other tasks run) before the rest is prepared; all arrive in order."""
+    w = World()
+    async with trio.open_nursery() as nursery:
+        await w.start(nursery)
+        seen: list[int] = []
+
+        async def observer() -> None:  # another task, scheduled while the backlog goes out
+            while len(seen) < 100:
+                seen.append(len(w.sent))
+                await trio.lowlevel.checkpoint()
+
+        sub = w.subscribe(max_inflight=20_000)
+        nursery.start_soon(observer)
+        w.publish(20_000)
+        assert w.engine.has_more(), "one step's worth at once"
+        await trio.sleep(0.1)
+        assert [d.message.seq for _, d in w.sent if d.sub_id == sub] == list(range(1, 20_001))
+        assert not w.engine.has_more()
+        between = sorted(set(seen) - {0, 20_000})
+        assert between == [PUMP_STEP * i for i in range(1, 5)], f"other tasks ran between the steps: {seen[:20]}"
         nursery.cancel_scope.cancel()
 
 
