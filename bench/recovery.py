@@ -7,7 +7,8 @@ Each system gets 1,000,000 stored 128-byte messages (quick: 100,000) and a durab
 100,000 delivered-but-unacked messages (quick: 10,000; AckWait 10 minutes, so none are redelivered
 before the restart). The server is stopped (SIGTERM) and started again on the same data directory:
 - `<system>_ready_s`: from starting the process to its port accepting connections;
-- `<system>_rss_mb`: resident memory (process tree) once ready;
+- `<system>_rss_mb`: resident memory (process tree) once ready, and `<system>_rss_settled_mb` 5 s after
+  the start (the pending messages back; our full check over), the steady figure;
 - `ours_serves_s`, `stan_serves_s`: from starting the process to a STAN connect answered (the port
   of nats-streaming-server's embedded NATS server opens before its store is recovered, so the port
   alone does not say it serves); `jetstream_consumer_ready_s`: to its answer about the durable
@@ -22,6 +23,7 @@ Both STAN servers are filled and resumed by the same client (ours, in Python); n
 (FILE store, its defaults) is skipped when its binary is absent (`STAN_SERVER`, else ../shared/peers).
 Our server checks every message in the background after a restart (`verify_on_start`, default
 "background": docs/storage.md): `ours_rss_mb` includes that check's process.
+RSS ratios are of the settled figures.
 """
 
 from __future__ import annotations
@@ -49,12 +51,18 @@ from streaming.client import ConnectionClosedError, NatsError, StanError, StartP
 
 PAYLOAD = b"x" * 128
 ACK_WAIT = 600
+SETTLED_S = 5.0  # after the start: when the steady memory figure is taken
 
 
 def _rss_mb(pid: int) -> float:
     proc = psutil.Process(pid)
     rss: int = sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
     return rss / 2**20
+
+
+def _settled_rss_mb(pid: int, started: float) -> float:
+    time.sleep(max(0.0, started + SETTLED_S - time.perf_counter()))
+    return _rss_mb(pid)
 
 
 def _disk_mb(path: Path) -> float:
@@ -173,6 +181,7 @@ def _resume_stan(command: list[str], port: int, pending: int, data: Path) -> dic
         return {
             "ready_s": round(ready, 3),
             "rss_mb": round(rss, 1),
+            "rss_settled_mb": round(_settled_rss_mb(proc.pid, started), 1),
             "serves_s": round(serves, 3),
             "first_delivery_s": round(first, 3),
             "pending_redelivered_s": round(drained, 3),
@@ -196,6 +205,7 @@ def run_jetstream(stored: int, pending: int) -> dict[str, float]:
         return {
             "ready_s": round(ready, 3),
             "rss_mb": round(rss, 1),
+            "rss_settled_mb": round(_settled_rss_mb(proc.pid, started), 1),
             "consumer_ready_s": round(first, 3),
             "disk_mb": round(_disk_mb(data), 1),
         }
@@ -226,10 +236,10 @@ def main() -> None:
                 result[f"{name}_{key}"] = value
             bar.advance(task)
     result["ready_ratio_vs_jetstream"] = round(result["ours_ready_s"] / result["jetstream_ready_s"], 3)
-    result["rss_ratio_vs_jetstream"] = round(result["ours_rss_mb"] / result["jetstream_rss_mb"], 3)
+    result["rss_ratio_vs_jetstream"] = round(result["ours_rss_settled_mb"] / result["jetstream_rss_settled_mb"], 3)
     ratios = ["ready_ratio_vs_jetstream", "rss_ratio_vs_jetstream"]
     if "stan_serves_s" in result:
-        for key in ("serves_s", "first_delivery_s", "pending_redelivered_s", "rss_mb"):
+        for key in ("serves_s", "first_delivery_s", "pending_redelivered_s", "rss_settled_mb"):
             result[f"{key.removesuffix('_s').removesuffix('_mb')}_ratio_vs_stan"] = round(
                 result[f"ours_{key}"] / result[f"stan_{key}"], 3
             )

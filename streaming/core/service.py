@@ -15,9 +15,10 @@ import math
 import time
 from collections.abc import Sequence
 
+import attrs
 import trio
 
-from storage import DamagedStoreError, RecoveredState, Store, StoreError
+from storage import DamagedStoreError, RecoveredState, RecoveredSubscription, Store, StoreError
 from storage.integrity import beyond_channels
 from streaming.core.engine import Engine, Observer, recover
 from streaming.core.group_commit import GroupCommit
@@ -77,7 +78,6 @@ class Core:
         """Recover, then run the runtime and the group commit until cancelled."""
         state: RecoveredState = await call_store(self.store.recover, in_thread=self.in_thread)
         state = self._check_positions(state)
-        self.recovered = state
         self.engine = recover(self.store, state)
         for engine_observer in self._engine_observers:
             self.engine.add_observer(engine_observer)
@@ -97,6 +97,10 @@ class Core:
         self.runtime.bind(self.pipeline, self.group_commit)
         clients = {c.client_id for c in state.clients}
         held = [s.record.inbox for s in state.subscriptions if s.pending and s.record.client_id in clients]
+        # The engine holds the pending messages now (100,000 are ~10 MB): the doors read only who
+        # was there, and this frame lives as long as the server.
+        state = attrs.evolve(state, subscriptions=[RecoveredSubscription(s.record, {}) for s in state.subscriptions])
+        self.recovered = state
         if held:
             self.group_commit.pause()
         async with trio.open_nursery() as nursery:
