@@ -15,7 +15,8 @@ walk chose (that snapshot or a newer one) stays as the walk read it. The checksu
 transaction begun after the walk: each page of that snapshot was either reached by the walk or written
 by the server since (a page, once freed, is only ever rewritten as a new one). A meta page the server
 was writing while the walk read it can look damaged: the store confirms any structural finding with a
-second walk while it holds its own writes back.
+second walk while it holds its own writes back. A process that gives no answer (it could not start,
+or was killed) is no verdict either: the store then runs the whole check itself, the same way.
 """
 
 from __future__ import annotations
@@ -74,12 +75,21 @@ class BackgroundCheck:
             return None
         code = self._proc.returncode
         if code != 0:
+            # Not a verdict (it may not even have started: no module path, out of memory, killed), and
+            # never a false alarm: the check runs here instead; its walk is safe on any file.
             why = f"signal {signal.Signals(-code).name}" if code < 0 else f"status {code}"
             tail = err.strip().splitlines()[-1:] or [""]
-            return Damage(problems=[f"the check of its pages and messages ended with {why} {tail[0]}".rstrip()])
-        damage = from_json(out)
-        if damage.problems and not (damage.damaged or damage.missing):
-            damage = self._confirm(msgs, damage)
+            log.warning(
+                "the full check's process ended with %s (%s): checking %s here, its writes held back meanwhile",
+                why,
+                tail[0],
+                msgs.path / "data.mdb",
+            )
+            damage = self._confirm(msgs)
+        else:
+            damage = from_json(out)
+            if damage.problems and not (damage.damaged or damage.missing):
+                damage = self._confirm(msgs)
         log.info(
             "full check of %s: %s in %.1f s",
             msgs.path / "data.mdb",
@@ -89,9 +99,10 @@ class BackgroundCheck:
         return damage
 
     @staticmethod
-    def _confirm(msgs: Environment, found: Damage) -> Damage:
-        """The walk's findings may be a meta page read while this process wrote it: walk again, and
-        read every message, with the store's writes to the file held back."""
+    def _confirm(msgs: Environment) -> Damage:
+        """The check in this process, with the store's writes to the file held back (the file at rest):
+        the walk, then every message. For a walk's findings, which may be a meta page read while the
+        server wrote it, and when the check's process failed."""
         with msgs.write_lock:
             problems = structure_problems(msgs.path)
             if problems:

@@ -8,6 +8,9 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
+import storage.full_check
 from storage import ChannelLimits, LmdbStore, NewMessage, StoreLimits
 from tests.storage.test_lmdb_store import _flip_marker, _store_with_markers
 
@@ -92,3 +95,18 @@ def test_closing_the_store_stops_a_running_check(tmp_path: Path) -> None:
     checking.join(timeout=10)
     assert not checking.is_alive()
     assert result == [None]
+
+
+def test_a_check_process_that_gives_no_answer_is_no_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It could not start (or was killed): the store checks here instead, and finds what it would."""
+    monkeypatch.setattr(storage.full_check.sys, "executable", "/bin/false")
+    _store_with_markers(tmp_path / "orig")
+    with LmdbStore(tmp_path / "orig", verify="background") as store:
+        assert store.check_fully() is None, "not taken for damage"
+    assert "the full check's process ended with status 1" in caplog.text
+    copy = _flip_marker(tmp_path / "orig", b"MARKER-0007-")
+    with LmdbStore(copy, verify="background") as store:
+        found = store.check_fully()
+    assert found is not None and "channel 'c': 1 message fails its checksum: 7" in found
