@@ -4,13 +4,13 @@ with checkpoints going on; until it has passed, nothing past a damaged message i
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-import storage.full_check
 from storage import ChannelLimits, LmdbStore, NewMessage, StoreLimits
 from tests.storage.test_lmdb_store import _flip_marker, _store_with_markers
 
@@ -101,7 +101,7 @@ def test_a_check_process_that_gives_no_answer_is_no_verdict(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """It could not start (or was killed): the store checks here instead, and finds what it would."""
-    monkeypatch.setattr(storage.full_check.sys, "executable", "/bin/false")
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # the check's process cannot start
     _store_with_markers(tmp_path / "orig")
     with LmdbStore(tmp_path / "orig", verify="background") as store:
         assert store.check_fully() is None, "not taken for damage"
