@@ -98,6 +98,9 @@ def structure_problems(env_dir: Path) -> list[str]:
         return [f"cannot be read ({exc})"]
 
 
+WALK_AHEAD_BYTES = 1 << 20  # a state file this large is walked in a forked child
+
+
 class WalkAhead:
     """`structure_problems` of an environment, begun in a forked child so that it runs on another core
     while this process goes on (the server imports its modules meanwhile: a restart with 100,000
@@ -111,8 +114,8 @@ class WalkAhead:
         self.env_dir = env_dir
         self._stamp = _stamp(env_dir / "data.mdb")
         self._child: tuple[int, int] | None = None  # pid, read end of its pipe
-        if self._stamp is None or not hasattr(os, "fork"):
-            return
+        if self._stamp is None or self._stamp[1] < WALK_AHEAD_BYTES or not hasattr(os, "fork"):
+            return  # walked by `problems`, here: a small file takes milliseconds
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: walk, answer, and leave without running anything of the parent's

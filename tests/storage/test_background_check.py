@@ -11,11 +11,17 @@ from pathlib import Path
 
 import pytest
 
+import storage.full_check
 from storage import ChannelLimits, LmdbStore, NewMessage, StoreLimits
 from tests.storage.test_lmdb_store import _flip_marker, _store_with_markers
 
 
-def test_the_full_check_finds_a_damaged_message_the_quick_open_let_through(tmp_path: Path) -> None:
+@pytest.mark.parametrize("in_process_bytes", [0, storage.full_check.IN_PROCESS_BYTES])
+def test_the_full_check_finds_a_damaged_message_the_quick_open_let_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_process_bytes: int
+) -> None:
+    """In a process of its own (a large file), or in the store's (this small one)."""
+    monkeypatch.setattr(storage.full_check, "IN_PROCESS_BYTES", in_process_bytes)
     _store_with_markers(tmp_path / "orig")
     copy = _flip_marker(tmp_path / "orig", b"MARKER-0007-")
     with LmdbStore(copy, verify="background") as store:
@@ -50,9 +56,12 @@ def test_a_read_stops_before_damage_while_the_check_is_owed_and_ends_the_check(t
         assert time.monotonic() - started < 1.0, "the read's damage ends the check at once"
 
 
-def test_the_check_reads_one_committed_state_while_checkpoints_go_on(tmp_path: Path) -> None:
+def test_the_check_reads_one_committed_state_while_checkpoints_go_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """No false alarm from pages the store rewrites meanwhile: appends to many channels with a
     checkpoint every 10 ms, and retention limits deleting old messages, all through the check."""
+    monkeypatch.setattr(storage.full_check, "IN_PROCESS_BYTES", 0)  # in its own process, whatever the size
     limits = StoreLimits(channel=ChannelLimits(max_msgs=6_000))
     with LmdbStore(tmp_path, limits=limits) as store:
         for c in range(20):
@@ -82,7 +91,8 @@ def test_the_check_reads_one_committed_state_while_checkpoints_go_on(tmp_path: P
     assert appended > 2_000, "the store was written all through the check"
 
 
-def test_closing_the_store_stops_a_running_check(tmp_path: Path) -> None:
+def test_closing_the_store_stops_a_running_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(storage.full_check, "IN_PROCESS_BYTES", 0)  # in its own process, whatever the size
     with LmdbStore(tmp_path) as store:
         store.ensure_channel("c")
         store.append([NewMessage("c", b"z" * 100) for _ in range(50_000)])
@@ -101,6 +111,7 @@ def test_a_check_process_that_gives_no_answer_is_no_verdict(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """It could not start (or was killed): the store checks here instead, and finds what it would."""
+    monkeypatch.setattr(storage.full_check, "IN_PROCESS_BYTES", 0)  # a process even for this small file
     monkeypatch.setattr(sys, "executable", "/bin/false")  # the check's process cannot start
     _store_with_markers(tmp_path / "orig")
     with LmdbStore(tmp_path / "orig", verify="background") as store:

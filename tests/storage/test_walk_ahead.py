@@ -19,6 +19,12 @@ def _store(directory: Path) -> None:
         store.append([NewMessage("c", b"m%d" % i) for i in range(50)])
 
 
+@pytest.fixture(autouse=True)
+def _walk_ahead_any_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These stores' state files are small: fork for them anyway (the server forks from 1 MiB)."""
+    monkeypatch.setattr(storage.integrity, "WALK_AHEAD_BYTES", 0)
+
+
 def _walks_here(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """Count the walks this process makes itself (the child forked before this is patched)."""
     walked: list[Path] = []
@@ -68,3 +74,12 @@ def test_no_state_file_yet_needs_no_walk(tmp_path: Path) -> None:
     walk = walk_ahead(tmp_path / "new")
     with LmdbStore(tmp_path / "new", state_walk=walk) as store:
         assert store.channels() == []
+
+
+def test_a_small_file_is_walked_here_without_a_fork(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _store(tmp_path)
+    monkeypatch.setattr(storage.integrity, "WALK_AHEAD_BYTES", 1 << 20)
+    walk = walk_ahead(tmp_path)
+    walked = _walks_here(monkeypatch)
+    assert walk.problems() == []
+    assert walked == [tmp_path / "state"]
