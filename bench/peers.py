@@ -82,7 +82,7 @@ def wait_stan(port: int, cluster_id: str = "test-cluster", timeout: float = 60.0
                     return
         except OSError:  # refused, or no answer within the timeout: not serving yet
             pass
-        time.sleep(0.02)
+        time.sleep(0.005)
     raise RuntimeError(f"no STAN server answered on port {port}")
 
 

@@ -48,7 +48,7 @@ from rich.console import Console  # noqa: E402
 from bench import peers  # noqa: E402
 from bench.load import jetstream_publish, publish_pipelined  # noqa: E402
 from bench.report import arguments, machine, print_report, progress  # noqa: E402
-from streaming.client import ConnectionClosedError, NatsError, StanError, StartPosition, connect  # noqa: E402
+from streaming.client import StartPosition, connect  # noqa: E402
 
 PAYLOAD = b"x" * 128
 ACK_WAIT = 600
@@ -75,19 +75,7 @@ def _disk_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
 
 
-async def _serving(port: int) -> None:
-    """Until a STAN connect is answered (nats-streaming-server opens its port before it recovered)."""
-    with trio.fail_after(120):
-        while True:
-            try:
-                async with connect("test-cluster", "bench-probe", port=port, request_timeout_s=0.5):
-                    return
-            except (OSError, NatsError, StanError, ConnectionClosedError):  # not serving yet
-                await trio.sleep(0.005)
-
-
-async def _ours_fill(port: int, stored: int, pending: int) -> None:
-    await _serving(port)
+async def _stan_fill(port: int, stored: int, pending: int) -> None:
     async with connect("test-cluster", "bench-fill", port=port) as sc:
         for first in range(0, stored, 100_000):
             await publish_pipelined(sc, "recover", min(100_000, stored - first), PAYLOAD)
@@ -104,11 +92,9 @@ async def _ours_fill(port: int, stored: int, pending: int) -> None:
             await sub.next_msg()  # not acked; the durable keeps them when the client goes
 
 
-async def _ours_resume(port: int, pending: int, started: float) -> tuple[float, float, float]:
-    """Seconds from `started` to a STAN connect answered, to the first pending message back, and to
-    the last (our client against either STAN server)."""
-    await _serving(port)
-    serves = time.perf_counter() - started
+async def _stan_resume(port: int, pending: int, started: float) -> tuple[float, float]:
+    """Seconds from `started` to the first pending message back, and to the last (our client against
+    either STAN server, once it answers connects)."""
     async with connect("test-cluster", "bench-fill", port=port) as sc:  # a durable belongs to its client id
         sub = await sc.open_subscription(
             "recover", durable="d", ack_wait=ACK_WAIT, max_inflight=pending, manual_ack=True
@@ -121,7 +107,7 @@ async def _ours_resume(port: int, pending: int, started: float) -> tuple[float, 
         with trio.fail_after(120):
             for _ in range(pending - 1):
                 (await sub.next_msg()).ack()
-        return serves, first, time.perf_counter() - started
+        return first, time.perf_counter() - started
 
 
 async def _js_fill(port: int, stored: int, pending: int) -> None:
@@ -162,7 +148,7 @@ def _restart(cmd: list[str], port: int) -> tuple[subprocess.Popen[bytes], float]
 def run_ours(stored: int, pending: int) -> dict[str, float]:
     data = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
     with peers.ours(data=data, keep=True) as server:
-        trio.run(_ours_fill, server.port, stored, pending)
+        trio.run(_stan_fill, server.port, stored, pending)
         port = server.port
     return _resume_stan(peers.our_command(port, data / "store"), port, pending, data)
 
@@ -172,7 +158,7 @@ def run_stan(stored: int, pending: int) -> dict[str, float]:
     assert binary is not None
     data = Path(tempfile.mkdtemp(prefix="bench-recovery-stan-"))
     with peers.stan(data=data, keep=True) as server:
-        trio.run(_ours_fill, server.port, stored, pending)
+        trio.run(_stan_fill, server.port, stored, pending)
         port = server.port
     return _resume_stan(peers.stan_command(binary, port, data / "store"), port, pending, data)
 
@@ -183,7 +169,9 @@ def _resume_stan(command: list[str], port: int, pending: int, data: Path) -> dic
     try:
         ready = time.perf_counter() - started
         rss = _rss_mb(proc.pid)
-        serves, first, drained = trio.run(_ours_resume, port, pending, started)
+        peers.wait_stan(port)  # nats-streaming-server opens its port before it has recovered
+        serves = time.perf_counter() - started
+        first, drained = trio.run(_stan_resume, port, pending, started)
         peers.stop(proc)
         settled = _settled_rss_mb(command, port)
         return {

@@ -64,9 +64,21 @@ class BackgroundCheck:
         """The damage the check finds in `msgs` (empty: none), or None if it was stopped."""
         started = time.monotonic()
         if (msgs.path / "data.mdb").stat().st_size <= IN_PROCESS_BYTES:
-            damage = self._confirm(msgs)  # a few milliseconds: not worth a process
-            log.info("full check of %s: %s", msgs.path / "data.mdb", "damage found" if damage else "intact")
-            return None if self.stopped else damage
+            damage: Damage | None = self._confirm(msgs)  # a few milliseconds: not worth a process
+        else:
+            damage = self._in_own_process(msgs)
+        if damage is None or self.stopped:
+            return None
+        log.info(
+            "full check of %s: %s in %.1f s",
+            msgs.path / "data.mdb",
+            "damage found" if damage else "intact",
+            time.monotonic() - started,
+        )
+        return damage
+
+    def _in_own_process(self, msgs: Environment) -> Damage | None:
+        """The check by `python -m storage.full_check` (None: stopped meanwhile)."""
         with self._lock:
             if self.stopped:
                 return None
@@ -92,17 +104,10 @@ class BackgroundCheck:
                 tail[0],
                 msgs.path / "data.mdb",
             )
-            damage = self._confirm(msgs)
-        else:
-            damage = from_json(out)
-            if damage.problems and not (damage.damaged or damage.missing):
-                damage = self._confirm(msgs)
-        log.info(
-            "full check of %s: %s in %.1f s",
-            msgs.path / "data.mdb",
-            "damage found" if damage else "intact",
-            time.monotonic() - started,
-        )
+            return self._confirm(msgs)
+        damage = from_json(out)
+        if damage.problems and not (damage.damaged or damage.missing):
+            damage = self._confirm(msgs)  # perhaps a meta page read while the server wrote it
         return damage
 
     @staticmethod

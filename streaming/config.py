@@ -174,9 +174,8 @@ class ServerConfig:
         if self.store not in ("lmdb", "memory"):
             raise ConfigError(f"store: expected 'lmdb' or 'memory', got {self.store!r}")
         if self.verify_on_start not in VERIFY_MODES:
-            raise ConfigError(
-                f"verify_on_start: expected 'background', 'full' or 'quick', got {self.verify_on_start!r}"
-            )
+            modes = ", ".join(repr(mode) for mode in VERIFY_MODES)
+            raise ConfigError(f"verify_on_start: expected one of {modes}, got {self.verify_on_start!r}")
         if not 0 <= self.port < 65536 or not -1 <= self.http_port < 65536 or not -1 <= self.http_api_port < 65536:
             raise ConfigError("port must be between 0 and 65535, http_port and http_api_port between -1 and 65535")
         if self.bayeux_timeout <= 0 or self.bayeux_max_interval <= 0 or self.bayeux_interval < 0:

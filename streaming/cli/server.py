@@ -14,6 +14,7 @@ import logging
 import sys
 from typing import Any
 
+from storage import VERIFY_MODES
 from streaming.cli.flags import flag
 from streaming.cli.maintenance import maintenance_main
 from streaming.config import ConfigError, load, merged
@@ -113,7 +114,7 @@ def _server_parser() -> argparse.ArgumentParser:
     store("--sync_interval", type=dur, help="with --file_sync=false: how often to flush (default 1s)")
     store(
         "--verify_on_start",
-        choices=["background", "full", "quick"],
+        choices=VERIFY_MODES,
         help="what the lmdb store checks: background (default: the files' headers before serving, then the "
         "message file's pages and every message's checksum while serving, stopping the server on damage; "
         "nothing past a damaged message is served), full (all of that before serving) or quick (damage "

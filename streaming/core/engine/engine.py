@@ -660,8 +660,13 @@ class Engine(EffectsAccumulator):
         if sub.group is not None:
             self._pump_group(sub.group, now)
             return
+        self._pump_plain(sub, now, drain=not self._hb_failed(sub))
+
+    def _pump_plain(self, sub: Sub, now: float, *, drain: bool) -> None:
+        """One step's worth (PUMP_STEP) for a subscription outside any group: what is due (if
+        `drain`), then what is new once nothing is due; what the step leaves goes to `pump_more`."""
         budget = PUMP_STEP
-        if sub.pending.due_count and not self._hb_failed(sub):
+        if sub.pending.due_count and drain:
             budget = self._drain_due(sub, now, budget)
         if not sub.pending.due_count and budget:
             budget = self._send_new(sub, now, budget)
@@ -736,8 +741,9 @@ class Engine(EffectsAccumulator):
                 budget = self._drain_due(each, now, budget)
             if each.pending.due_count and not self._hb_failed(each):
                 blocked = True  # its redeliveries still wait for room: new messages wait too
-        if not budget and group.members:
+        if not budget:  # the redeliveries took the step: new messages in the next one
             self._more[group.members[0].record.sub_id] = now
+            return
         if blocked or group.last_sent >= self._channel_last(group.channel):
             return  # the common case after an ack: nothing new (no store lookup)
         info = self.store.channel_info(group.channel)
@@ -886,11 +892,7 @@ class Engine(EffectsAccumulator):
                     self._send(sub, message, pending.attempt(seq) + 1, Reason.ACK_TIMEOUT, now)
             return len(expired)
         if sub.group is None:
-            budget = self._drain_due(sub, now, PUMP_STEP)
-            if not sub.pending.due_count and budget:
-                budget = self._send_new(sub, now, budget)
-            if not budget:
-                self._more[sub.record.sub_id] = now
+            self._pump_plain(sub, now, drain=True)
             return len(expired)
         group = sub.group
         for seq, _ in expired:

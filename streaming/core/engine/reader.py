@@ -64,9 +64,6 @@ class MessageReader:
             out += read
         return out
 
-    def read_one(self, channel: str, seq: int) -> Message | None:
-        return self.read_many(channel, [seq])[0]
-
     def read_many(self, channel: str, seqs: list[int]) -> list[Message | None]:
         """Messages for redelivery, from memory where possible; the rest from the store in one read
         (one transaction, not one per message)."""
