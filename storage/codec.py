@@ -30,6 +30,9 @@ U32 = struct.Struct(">I")
 U64 = struct.Struct(">Q")
 MSG_KEY = struct.Struct(">IQ")  # channel id, sequence
 PENDING_KEY = struct.Struct(">QQ")  # subscription id, sequence
+# A pending entry's value is its attempt count (U32); one given back with a nak and a delay also
+# holds the time before which it is not sent again.
+NAKED_PENDING = struct.Struct(">IQ")  # attempt count, not before (Unix ns)
 _TS = struct.Struct(">q")
 _REPLY_LEN = struct.Struct(">H")
 _CRC = struct.Struct(">I")

@@ -220,6 +220,7 @@ def beyond_channels(state: RecoveredState) -> tuple[RecoveredState, list[str]]:
                 "are lost"
             )
             pending = {seq: n for seq, n in sub.pending.items() if seq <= end}
-            sub = RecoveredSubscription(attrs.evolve(record, last_sent=end), pending)
+            naks = {seq: ns for seq, ns in sub.naks.items() if seq <= end}
+            sub = RecoveredSubscription(attrs.evolve(record, last_sent=end), pending, naks)
         subs.append(sub)
     return attrs.evolve(state, subscriptions=subs), problems

@@ -59,6 +59,7 @@ class MemoryStore(Store):
         self._sub_ids = itertools.count(1)
         self._subs: dict[int, SubscriptionRecord] = {}
         self._pending: dict[int, dict[int, int]] = {}
+        self._naks: dict[int, dict[int, int]] = {}  # sub id -> seq -> not before (ns), as SetPending wrote
         self._clients: dict[str, ClientRecord] = {}
 
     def _create_channel(self, name: str) -> ChannelInfo:
@@ -175,6 +176,10 @@ class MemoryStore(Store):
                 if entries is None:
                     entries = pending[update.sub_id] = {}
                 entries[update.seq] = update.attempt
+                if update.not_before_ns:
+                    self._naks.setdefault(update.sub_id, {})[update.seq] = update.not_before_ns
+                elif update.sub_id in self._naks:
+                    self._naks[update.sub_id].pop(update.seq, None)
             elif kind is ClearPending:
                 assert isinstance(update, ClearPending)
                 entries = pending.get(update.sub_id)
@@ -201,13 +206,15 @@ class MemoryStore(Store):
     def _delete_sub(self, sub_id: int) -> None:
         self._subs.pop(sub_id, None)
         self._pending.pop(sub_id, None)
+        self._naks.pop(sub_id, None)
 
     def recover(self) -> RecoveredState:
         subs = []
         for sub_id, record in sorted(self._subs.items()):
             pending = dict(sorted(self._pending.get(sub_id, {}).items()))
             last_sent = max([record.last_sent, *pending])
-            subs.append(RecoveredSubscription(attrs.evolve(record, last_sent=last_sent), pending))
+            naks = {seq: ns for seq, ns in self._naks.get(sub_id, {}).items() if seq in pending}
+            subs.append(RecoveredSubscription(attrs.evolve(record, last_sent=last_sent), pending, naks))
         return RecoveredState(self._server, self.channels(), list(self._clients.values()), subs)
 
     def statistics(self) -> StoreStatistics:

@@ -150,12 +150,15 @@ class SetPending:
     `fresh`: the subscription had no pending entry for `seq` when this was queued (a first delivery),
     so the store cannot hold one either once what was queued before it is applied; `net_effect` may
     then drop it together with a ClearPending later in the same batch.
+    `not_before_ns`: the subscriber gave it back with a negative ack, and it is not to be sent again
+    before this time (Unix ns; 0: no such wait), which a restart honours.
     """
 
     sub_id: int
     seq: int
     attempt: int
     fresh: bool = False
+    not_before_ns: int = 0
 
 
 @attrs.define(slots=True)
@@ -329,6 +332,8 @@ def net_effect(updates: Sequence[SubUpdate]) -> list[SubUpdate]:
 class RecoveredSubscription:
     record: SubscriptionRecord
     pending: Mapping[int, int]  # seq -> attempt count
+    # seq -> not to be sent before (Unix ns): the pending messages given back with a nak and a delay
+    naks: Mapping[int, int] = attrs.field(factory=dict)
 
 
 @attrs.frozen(slots=True)

@@ -25,6 +25,7 @@ import lmdb
 from storage.codec import (
     JOURNAL_RUN,
     MSG_KEY,
+    NAKED_PENDING,
     PENDING_KEY,
     U32,
     U64,
@@ -304,7 +305,8 @@ class Salvage:
                     self.last_sent[U64.unpack(k)[0]] = U64.unpack(v)[0]
                 for k, v in txn.cursor(db=dbs["pending"]).iternext():
                     sub_id, seq = PENDING_KEY.unpack(k)
-                    self.pending.setdefault(sub_id, {})[seq] = U32.unpack(v)[0]
+                    # A nak's wait (a longer value) is not kept: the message is due at once.
+                    self.pending.setdefault(sub_id, {})[seq] = U32.unpack_from(v)[0]
                 for k, v in txn.cursor(db=dbs["clients"]).iternext():
                     self._client(bytes(k), bytes(v), strict=True)
             return
@@ -313,10 +315,10 @@ class Salvage:
                 self.notes.append("no subscription or client survives: clients must connect and subscribe again")
             return
         for key, value in raw_items(self.state_data):
-            if len(key) == PENDING_KEY.size and len(value) == U32.size:
+            if len(key) == PENDING_KEY.size and len(value) in (U32.size, NAKED_PENDING.size):
                 sub_id, seq = PENDING_KEY.unpack(key)
                 entries = self.pending.setdefault(sub_id, {})
-                entries[seq] = max(entries.get(seq, 0), U32.unpack(value)[0])
+                entries[seq] = max(entries.get(seq, 0), U32.unpack_from(value)[0])
             elif len(key) == U64.size and len(value) == U64.size:
                 sub_id = U64.unpack(key)[0]
                 self.last_sent[sub_id] = max(self.last_sent.get(sub_id, 0), U64.unpack(value)[0])

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import attrs
 import lmdb
 
-from storage.codec import PENDING_KEY, U32, U64, decode_record, encode_record
+from storage.codec import NAKED_PENDING, PENDING_KEY, U32, U64, decode_record, encode_record
 from storage.environment import Environment, delete_prefix
 from storage.errors import DamagedStoreError, IntegrityError
 from storage.records import (
@@ -78,7 +78,12 @@ class SubscriptionState:
                     for seq in update.seqs:
                         delete(pack_key(sub_id, seq), db=pending_db)
                 elif isinstance(update, SetPending):
-                    txn.put(PENDING_KEY.pack(update.sub_id, update.seq), U32.pack(update.attempt), db=dbs["pending"])
+                    value = (
+                        NAKED_PENDING.pack(update.attempt, update.not_before_ns)
+                        if update.not_before_ns
+                        else U32.pack(update.attempt)
+                    )
+                    txn.put(PENDING_KEY.pack(update.sub_id, update.seq), value, db=dbs["pending"])
                 elif isinstance(update, ClearPending):
                     txn.delete(PENDING_KEY.pack(update.sub_id, update.seq), db=dbs["pending"])
                 elif isinstance(update, SetLastSent):
@@ -112,20 +117,29 @@ class SubscriptionState:
             clients = [decode_record(v, ClientRecord) for v in txn.cursor(db=dbs["clients"]).iternext(keys=False)]
             last_sent = {U64.unpack(k)[0]: U64.unpack(v)[0] for k, v in txn.cursor(db=dbs["lastsent"]).iternext()}
             pending: dict[int, dict[int, int]] = {}
-            unpack_key, unpack_attempt = PENDING_KEY.unpack, U32.unpack
+            naks: dict[int, dict[int, int]] = {}  # sub id -> seq -> not before (ns): nak'd with a delay
+            unpack_key, unpack_attempt = PENDING_KEY.unpack, U32.unpack_from
             current_id, current = -1, {}
             for k, v in txn.cursor(db=dbs["pending"]).iternext():
                 sub_id, seq = unpack_key(k)
                 if sub_id != current_id:
                     current_id, current = sub_id, pending.setdefault(sub_id, {})
-                current[seq] = unpack_attempt(v)[0]
+                if len(v) == NAKED_PENDING.size:
+                    attempt, not_before = NAKED_PENDING.unpack(v)
+                    current[seq] = attempt
+                    naks.setdefault(sub_id, {})[seq] = not_before
+                elif len(v) == U32.size:
+                    current[seq] = unpack_attempt(v)[0]
+                else:
+                    raise IntegrityError(f"pending entry {sub_id}/{seq}: value of {len(v)} bytes")
             subs = []
             for v in txn.cursor(db=dbs["subs"]).iternext(keys=False):
                 record = decode_record(v, SubscriptionRecord)
                 own = pending.get(record.sub_id, {})
                 # A delivery's SetPending may have been committed without its SetLastSent.
                 position = max(last_sent.get(record.sub_id, record.last_sent), max(own, default=0))
-                subs.append(RecoveredSubscription(attrs.evolve(record, last_sent=position), own))
+                recovered = attrs.evolve(record, last_sent=position)
+                subs.append(RecoveredSubscription(recovered, own, naks.get(record.sub_id, {})))
             return RecoveredState(server, channels, clients, subs)
 
         try:

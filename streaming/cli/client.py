@@ -53,7 +53,8 @@ def _client_parser() -> argparse.ArgumentParser:
         "sub",
         help="print messages as they arrive: seq, redelivered, attempt, data",
         description="Print messages as they arrive. Our extensions (ignored by other STAN servers): "
-        "--max_deliver, --backoff, --max_inflight_redeliveries, and in-progress acks (--ack_progress).",
+        "--max_deliver, --backoff, --max_inflight_redeliveries, in-progress acks (--ack_progress) and "
+        "negative acks (--nak).",
     )
     _connection_options(sub, defaults=False)
     sub.add_argument("channel")
@@ -79,6 +80,14 @@ def _client_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --ack_delay: tell the server every half AckWait that the message is still being worked on, "
         "so it is not redelivered meanwhile",
+    )
+    sub.add_argument(
+        "--nak",
+        type=flag(parse_duration),
+        default=None,
+        metavar="DELAY",
+        help="with --manual_ack: give each message back on its first attempt, to come again after DELAY (0s: at "
+        "once), and ack it then (a handler whose dependency is down)",
     )
     sub.add_argument(
         "--max_deliver",
@@ -127,6 +136,8 @@ def client_main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "sub" and args.ack_progress and not (args.manual_ack and args.ack_delay > 0):
         parser.error("--ack_progress needs --manual_ack and an --ack_delay")
+    if args.command == "sub" and args.nak is not None and not args.manual_ack:
+        parser.error("--nak needs --manual_ack")
     # Random, not time-based: two commands started together must not take each other's ID.
     args.client_id = args.client_id or f"streaming-cli-{secrets.token_hex(6)}"
     from streaming.client import ConnectionClosedError, StanError
@@ -229,7 +240,9 @@ async def _sub(args: argparse.Namespace, host: str, port: int) -> int:
                 f"{msg.data.decode(errors='replace')}",
                 flush=True,
             )
-            if args.manual_ack and not args.no_ack:
+            if args.nak is not None and msg.attempt == 1:
+                msg.nak(args.nak)
+            elif args.manual_ack and not args.no_ack:
                 await _work(msg, args)
                 msg.ack()
             received += 1

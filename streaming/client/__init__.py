@@ -2,7 +2,7 @@
 
 from streaming.client.nats_conn import ConnectionClosedError, NatsConnection, NatsError, NatsMsg
 from streaming.client.stan import PubAckFuture, StanClient, StanError, connect
-from streaming.client.subscription import Msg, SubscribeOptions, Subscription
+from streaming.client.subscription import Msg, NakNotSupportedError, SubscribeOptions, Subscription
 from streaming.wire.positions import StartPosition
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "Msg",
     "NatsConnection",
     "NatsError",
+    "NakNotSupportedError",
     "NatsMsg",
     "PubAckFuture",
     "StanClient",

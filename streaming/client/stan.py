@@ -84,6 +84,7 @@ class _Subjects:
         self.close = response.closeRequests
         self.subclose = response.subCloseRequests
         self.ping = response.pingRequests
+        self.nak_suffix = response.nakSuffix  # our extension: "" from nats-streaming-server
 
 
 class StanClient:
@@ -124,6 +125,11 @@ class StanClient:
         self._hb_inbox = new_inbox(nats.inbox_prefix)
         self._ping_inbox = new_inbox(nats.inbox_prefix)
         self._pings_out = 0
+
+    @property
+    def nak_suffix(self) -> str:
+        """Where negative acks go after a subscription's ack inbox ("": the server takes none)."""
+        return self.config_subjects.nak_suffix
 
     # -- session -------------------------------------------------------------------------------
 

@@ -28,8 +28,17 @@ class Owner(Protocol):
     @property
     def closed(self) -> bool: ...
 
+    @property
+    def nak_suffix(self) -> str:
+        """Where negative acks go, after a subscription's ack inbox ("": the server takes none)."""
+        ...
+
     async def end_subscription(self, sub: Subscription, *, close: bool) -> None:
         """Ask the server to remove (or, `close`, to close) `sub`, and stop taking its messages."""
+
+
+class NakNotSupportedError(Exception):
+    """The server takes no negative acks (nats-streaming-server: only this server's extension does)."""
 
 
 class Msg:
@@ -56,6 +65,16 @@ class Msg:
     def in_progress(self) -> None:
         """Ask for another AckWait without acknowledging (this server's extension; others ignore it)."""
         self._sub._send_ack(self.seq, in_progress=True)
+
+    def nak(self, delay: float = 0.0) -> None:
+        """Give the message back unacknowledged: the server sends it again once `delay` seconds have
+        passed (0: at once; at most 30 days), as its next attempt (MaxDeliver counts it), to this
+        subscription or, in a queue group, to whichever member can take it then. In auto-ack mode it is
+        not acknowledged by the next `next_msg`. Never blocks. This server's extension: raises
+        NakNotSupportedError on a server without it, where the message would come back after AckWait."""
+        if delay < 0:
+            raise ValueError("a nak's delay cannot be negative")
+        self._sub._nak(self, delay)
 
     def __repr__(self) -> str:
         return f"Msg(seq={self.seq}, subject={self.subject!r}, redelivered={self.redelivered}, data={self.data!r})"
@@ -135,6 +154,16 @@ class Subscription:
         else:
             self._floor.acked(seq)
         self._send_ack(seq)
+
+    def _nak(self, msg: Msg, delay: float) -> None:
+        suffix = self.client.nak_suffix
+        if not suffix:
+            raise NakNotSupportedError("the server takes no negative acks (nats-streaming-server does not)")
+        if self._last is msg:
+            self._last = None  # given back: the next `next_msg` must not acknowledge it
+        if self.ack_inbox and not self.client.nats.closed:
+            nak = pb.Nak(subject=self.channel, sequence=msg.seq, delayMs=round(delay * 1000))
+            self.client.nats.publish(self.ack_inbox + suffix, nak.SerializeToString())
 
     def _send_ack(self, seq: int, *, in_progress: bool = False) -> None:
         if self.ack_inbox and not self.client.nats.closed:

@@ -261,6 +261,11 @@ class DoorApi:
         """`ack` of each of `seqs` on one subscription, carried out once; how many counted."""
         return self._core.pipeline.ack_many(sub_id, seqs)
 
+    def nak(self, sub_id: int, seq: int, delay: float) -> bool:
+        """A negative ack: `seq` comes back after `delay` seconds (0: at once) as its next attempt,
+        honouring MaxDeliver; False if it was not pending on the subscription (or its queue group)."""
+        return self._core.pipeline.nak(sub_id, seq, delay)
+
     def ack_progress(self, sub_id: int, seq: int) -> bool:
         """The client is still working on `seq`: its AckWait starts again."""
         return self._core.pipeline.ack_progress(sub_id, seq)

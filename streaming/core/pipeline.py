@@ -219,6 +219,12 @@ class Pipeline:
         self.engine.set_window(sub_id, window, self.clock())
         self._changed()
 
+    def nak(self, sub_id: int, seq: int, delay: float) -> bool:
+        """The client gives `seq` back, to come again after `delay` seconds (see `Engine.nak`)."""
+        naked = self.engine.nak(sub_id, seq, delay, self.clock(), self._wall_ns())
+        self._changed()
+        return naked
+
     def ack_progress(self, sub_id: int, seq: int) -> bool:
         """The client is still working on `seq`: restart its AckWait."""
         moved = self.engine.ack_progress(sub_id, seq, self.clock())

@@ -78,7 +78,7 @@ class Core:
         """Recover, then run the runtime and the group commit until cancelled."""
         state: RecoveredState = await call_store(self.store.recover, in_thread=self.in_thread)
         state = self._check_positions(state)
-        self.engine = recover(self.store, state)
+        self.engine = recover(self.store, state, time.time_ns())
         for engine_observer in self._engine_observers:
             self.engine.add_observer(engine_observer)
         self.runtime = EngineRuntime(

@@ -184,6 +184,8 @@ def _plain(u: SubUpdate) -> list[Any]:
     if isinstance(u, ClearPending):
         return ["ClearPending", u.sub_id, u.seq]
     if isinstance(u, SetPending):
+        if u.not_before_ns:
+            return ["SetPending", u.sub_id, u.seq, u.attempt, u.fresh, u.not_before_ns]
         return ["SetPending", u.sub_id, u.seq, u.attempt, u.fresh]
     return [type(u).__name__, _converter.unstructure(u)]
 
@@ -204,6 +206,8 @@ def _update(item: Any) -> SubUpdate:
             return SetLastSent(*rest) if kind == "SetLastSent" else ClearPending(*rest)
     elif kind == "SetPending":
         if _ints(rest[:3], 3) and len(rest) == 4 and type(rest[3]) is bool:
+            return SetPending(*rest)
+        if _ints(rest[:3], 3) and len(rest) == 5 and type(rest[3]) is bool and _ints(rest[4:], 1):
             return SetPending(*rest)
     elif len(rest) == 1:
         update: SubUpdate = _converter.structure(rest[0], _UPDATES[kind])

@@ -29,6 +29,7 @@ from streaming.core.engine import (
     Event,
     MemberJoined,
     MemberLeft,
+    Naked,
     Reason,
     SubRef,
 )
@@ -271,6 +272,13 @@ def _ack_timeout(ts: int, head: str, tail: str, e: AckTimedOut) -> str:
     )
 
 
+def _nak(ts: int, head: str, tail: str, e: Naked) -> str:
+    return (
+        f'{{"ts":{ts},"event":"nak",{head}{e.seq}{tail}"attempt":{e.attempt},'
+        f'"ack_wait_s":{e.delay_s!r},"reason":null}}\n'
+    )
+
+
 def _dead_letter(ts: int, head: str, tail: str, e: DeadLettered) -> str:
     return (
         f'{{"ts":{ts},"event":"dead_letter",{head}{e.seq}{tail}"attempt":{e.attempts},'
@@ -288,6 +296,7 @@ def _member(kind: str) -> Any:
 # The rarer events (deliveries and acks are encoded in `EventLog.on_events` itself).
 _ENCODERS: dict[type, Any] = {
     AckTimedOut: _ack_timeout,
+    Naked: _nak,
     DeadLettered: _dead_letter,
     MemberJoined: _member("member_join"),
     MemberLeft: _member("member_leave"),

@@ -16,14 +16,17 @@ FIELDS: Final[dict[str, tuple[str, str]]] = {
     "ts": ("integer", "microseconds since the Unix epoch, UTC"),
     "event": ("string", "the kind of event (EVENTS)"),
     "channel": ("string", "channel name (null for server_start and ft_takeover)"),
-    "seq": ("integer", "message sequence (publish, deliver, ack, ack_timeout, dead_letter)"),
+    "seq": ("integer", "message sequence (publish, deliver, ack, ack_timeout, nak, dead_letter)"),
     "last_seq": ("integer", "a run's last sequence: one event per sequence, seq to last_seq (publish, deliver, ack)"),
     "sub": ("integer", "subscription id (unique within a server's data directory)"),
     "group": ("string", "queue group, else durable name; null for a plain subscription (ft_takeover: the FT group)"),
     "member": ("string", "client id of the subscriber (ft_takeover: the member that took over)"),
-    "attempt": ("integer", "delivery attempt, 1 = first (deliver, ack, ack_timeout, dead_letter)"),
-    "ack_wait_s": ("number", "seconds this attempt may stay unacknowledged (deliver, ack_timeout)"),
-    "reason": ("string", "why: deliver: new, ack_timeout, member_left, restart, resume; dead_letter: max_deliver"),
+    "attempt": ("integer", "delivery attempt, 1 = first (deliver, ack, ack_timeout, nak, dead_letter)"),
+    "ack_wait_s": ("number", "seconds this attempt may stay unacknowledged (deliver, ack_timeout); nak: its delay"),
+    "reason": (
+        "string",
+        "why: deliver: new, ack_timeout, member_left, restart, resume, nak; dead_letter: max_deliver",
+    ),
 }
 
 EVENTS: Final[dict[str, str]] = {
@@ -32,13 +35,14 @@ EVENTS: Final[dict[str, str]] = {
     "deliver": "a message was sent to a subscriber",
     "ack": "a subscriber acknowledged a message",
     "ack_timeout": "a delivery's AckWait expired unacknowledged",
+    "nak": "a subscriber gave a message back with a negative ack: it comes back after the delay (ack_wait_s)",
     "dead_letter": "a message used up its MaxDeliver attempts and went to the dead-letter channel",
     "member_join": "a queue member joined its group",
     "member_leave": "a queue member left; its unacknowledged messages go to the other members",
     "ft_takeover": "this server took over as its fault-tolerance group's active (after its server_start)",
 }
 
-DELIVERY_REASONS: Final = ("new", "ack_timeout", "member_left", "restart", "resume")
+DELIVERY_REASONS: Final = ("new", "ack_timeout", "member_left", "restart", "resume", "nak")
 
 RUN_EVENTS: Final = ("publish", "deliver", "ack")  # the events a line may hold a run of
 MAX_RUN: Final = 1 << 20  # sequences in one line at most (the server's runs are far shorter)
@@ -56,6 +60,7 @@ REQUIRED: Final[dict[str, tuple[str, ...]]] = {
     "deliver": ("ts", "event", "channel", "seq", "sub", "member", "attempt", "ack_wait_s", "reason"),
     "ack": ("ts", "event", "channel", "seq", "sub", "member", "attempt"),
     "ack_timeout": ("ts", "event", "channel", "seq", "sub", "member", "attempt", "ack_wait_s"),
+    "nak": ("ts", "event", "channel", "seq", "sub", "member", "attempt", "ack_wait_s"),
     "dead_letter": ("ts", "event", "channel", "seq", "sub", "member", "attempt", "reason"),
     "member_join": ("ts", "event", "channel", "sub", "group", "member"),
     "member_leave": ("ts", "event", "channel", "sub", "group", "member"),

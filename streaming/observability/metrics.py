@@ -31,6 +31,7 @@ from streaming.core.engine import (
     Event,
     MemberJoined,
     MemberLeft,
+    Naked,
     Reason,
 )
 from streaming.ft.status import ACTIVE, FtStatus
@@ -145,6 +146,9 @@ class Metrics:
         self.ack_timeouts = _Counts(
             f"{PREFIX}_ack_timeouts", "Deliveries whose AckWait expired unacknowledged", ["channel", "group"]
         )
+        self.naks = _Counts(
+            f"{PREFIX}_naks", "Messages given back by their subscriber with a negative ack", ["channel", "group"]
+        )
         self.dead_lettered = _Counts(
             f"{PREFIX}_dead_lettered", "Messages moved to a dead-letter channel", ["channel", "group"]
         )
@@ -223,6 +227,8 @@ class Metrics:
                 self.ack_timeouts.add(event.sub.labels)
             elif type(event) is DeadLettered:
                 self.dead_lettered.add(event.sub.labels)
+            elif type(event) is Naked:
+                self.naks.add(event.sub.labels)
             elif type(event) is MemberJoined:
                 self.member_changes.add((event.sub.channel, event.sub.queue_group, "join"))
             elif type(event) is MemberLeft:

@@ -70,6 +70,9 @@ _REFUSAL_KINDS: dict[type, str] = {
 REFUSAL_KINDS = tuple(_REFUSAL_KINDS.values())  # every key of StanDoor.refused
 LATE_CLIENT_WAIT_S = 2.0  # partitioned: how long a request waits for its client's connect here
 LOOKUP_AFTER_S = 0.2  # partitioned: then the other servers are asked whether they know the client
+# Negative acks (our extension) go to a subscription's ack inbox with this appended; the connect
+# response says so (nakSuffix), and a client seeing none there knows the server takes no naks.
+NAK_SUFFIX = ".nak"
 
 
 class StanDoor:
@@ -126,6 +129,7 @@ class StanDoor:
                 b.subscribe(f"{self._found_prefix}.*", self._on_client_found)
             for subject in self._ack_subjects(r.ack_inbox for r in recovered):
                 b.subscribe(subject, self._on_ack, runs=self._on_acks)
+                b.subscribe(subject + NAK_SUFFIX, self._on_nak)
             b.add_span_listener(self.core)
             log.info(
                 "STAN cluster %r ready: %d channels, %d clients, %d subscriptions recovered",
@@ -189,6 +193,7 @@ class StanDoor:
             closeRequests=self.close_subject,
             subCloseRequests=self.subclose_subject,
             protocol=1,
+            nakSuffix=NAK_SUFFIX,
         )
         if request.protocol >= 1:
             response.pingRequests = self.ping_subject
@@ -348,13 +353,9 @@ class StanDoor:
     def _on_acks(self, subject: str, reply: str, payloads: list[bytes], origin: Origin) -> None:
         """Acks sent to one subscription's ack inbox, one or a run of them from one connection: the
         sender is checked once, and the acks go to the engine together (one fill of the subscription)."""
-        target = self.core.ack_target(subject)
-        if target is None:
+        sub_id = self._acker(subject, origin)
+        if sub_id is None:
             return
-        sub_id, client_id = target
-        client = self.clients.get(client_id)
-        if client is None or (client.conn != origin.conn and self.clients.acting_for(client_id, origin.conn) is None):
-            return  # not its subscription's connection: acks are never taken for another client
         decode = pb.Ack.FromString
         core = self.core
         seqs: list[int] = []
@@ -373,6 +374,30 @@ class StanDoor:
                 seqs.append(ack.sequence)
         if seqs:
             core.ack_many(sub_id, seqs)
+
+    def _acker(self, ack_inbox: str, origin: Origin) -> int | None:
+        """The subscription whose ack inbox is `ack_inbox`, when `origin` is its client's connection
+        (None otherwise: acks and naks are never taken for another client)."""
+        target = self.core.ack_target(ack_inbox)
+        if target is None:
+            return None
+        sub_id, client_id = target
+        client = self.clients.get(client_id)
+        if client is None or (client.conn != origin.conn and self.clients.acting_for(client_id, origin.conn) is None):
+            return None
+        return sub_id
+
+    def _on_nak(self, subject: str, reply: str, payload: bytes, origin: Origin) -> None:
+        """A negative ack (our extension), on `<ack inbox>.nak`: the message comes back after its delay."""
+        sub_id = self._acker(subject.removesuffix(NAK_SUFFIX), origin)
+        if sub_id is None:
+            return
+        try:
+            nak = pb.Nak.FromString(payload)
+        except Exception:
+            log.info("ignored an undecodable nak on %s", subject)
+            return
+        self.core.nak(sub_id, nak.sequence, nak.delayMs / 1000)
 
     # -- subscriptions ---------------------------------------------------------------------------
 

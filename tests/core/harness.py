@@ -202,6 +202,9 @@ class Harness:
     def ack(self, sub_id: int, *seqs: int) -> list[bool]:
         return [self.pipeline.ack(sub_id, seq) for seq in seqs]
 
+    def nak(self, sub_id: int, seq: int, delay: float) -> bool:
+        return self.pipeline.nak(sub_id, seq, delay)
+
     def collect(self) -> None:
         """Carry out whatever engine calls made directly (not through the pipeline) left queued."""
         self.pipeline.settle()
@@ -218,7 +221,7 @@ class Harness:
         """Rebuild the engine from the store (the store must hold everything flushed so far)."""
         self.collect()
         self.store = store if store is not None else self.store
-        self._build(recover(self.store))
+        self._build(recover(self.store, wall_unix_ns=self.wall_ns))
         self.received.clear()
         self.pipeline.start()
 

@@ -1,7 +1,8 @@
 """Redelivery invariants of the engine, driven by Hypothesis over the in-memory store and a virtual clock.
 
 Rules: publish, subscribe (plain, durable, queue, durable queue; resuming a durable or re-joining a
-group when it exists), ack (valid, from any group member, stale, duplicate), ack-progress, advance time,
+group when it exists), ack (valid, from any group member, stale, duplicate), ack-progress, nak with a
+delay (from any group member), advance time,
 member leave (close/unsubscribe), client drop, heartbeat failure and recovery, restart (rebuild from
 the store). The model is a plain dataclass of what was published, acked, delivered and
 when; every delivery and every step is checked against it:
@@ -18,6 +19,9 @@ I6 every expired message of an online subscription has been redelivered (or dead
 I7 an owner's ack floor never moves back.
 I8 after a restart, each subscription's recovered messages are sent before any new one.
 I9 first deliveries reach an owner in sequence order.
+I10 a nak'd message is not sent again before its delay is over (across member leaves, durable
+   resumes and restarts), and then it is sent as its next attempt (I4, I6 with the nak's end as its
+   deadline).
 With MaxDeliver=N: no message is delivered more than N times, and each one past it appears in the
 dead-letter channel exactly once.
 
@@ -52,6 +56,8 @@ LIMITS = StoreLimits(
     max_subs=0, channel=ChannelLimits(max_msgs=25), per_channel={DEAD: ChannelLimits(max_msgs=-1, max_bytes=-1)}
 )
 EPS = 1e-9
+# A nak's end survives a restart as Unix ns and the harness's wall clock moves in whole ns: within 1 µs.
+NAK_EPS = 1e-6
 
 
 @attrs.define
@@ -74,6 +80,7 @@ class Model:
     floor: dict[Owner, int] = attrs.Factory(dict)
     max_inflight: dict[int, int] = attrs.Factory(dict)
     window: dict[int, int] = attrs.Factory(dict)  # what set_window opened (a pull door's consumer)
+    naked: dict[tuple[Owner, int], float] = attrs.Factory(dict)  # nak'd: not to be sent before this time
     dead_total: int = 0
 
 
@@ -108,6 +115,8 @@ class EngineMachine(RuleBasedStateMachine):
             self.model.dead.add(key)
             self.model.dead_total += 1
             self.model.sent.pop(key, None)
+            back = self.model.naked.pop(key, None)
+            assert back is None or self.h.now + NAK_EPS >= back, f"I10: {key} dead-lettered before its nak's delay"
 
     # -- per-delivery checks (I3 part, I4, I5, I9, MaxDeliver) ------------------------------------
 
@@ -131,6 +140,10 @@ class EngineMachine(RuleBasedStateMachine):
         key = (owner, seq)
         assert seq not in self.model.acked.get(owner, set()), f"I4: acked {key} delivered again"
         previous = self.model.sent.get(key)
+        back = self.model.naked.pop(key, None)
+        if back is not None:
+            assert now + NAK_EPS >= back, f"I10: nak'd {key} sent again {back - now:.3f}s before its delay ended"
+            assert event.reason is not Reason.NEW
         if previous is not None:
             assert event.attempt > previous.attempt, f"I4: attempts went {previous.attempt} -> {event.attempt}"
         if event.reason is Reason.ACK_TIMEOUT:
@@ -211,6 +224,7 @@ class EngineMachine(RuleBasedStateMachine):
         assert self.h.ack(acker, seq) == [True]
         self.model.acked.setdefault(owner, set()).add(seq)
         self.model.sent.pop((owner, seq), None)
+        self.model.naked.pop((owner, seq), None)
 
     @precondition(lambda self: self._online())
     @rule(data=st.data())
@@ -229,6 +243,7 @@ class EngineMachine(RuleBasedStateMachine):
         for seq in acked:
             self.model.acked.setdefault(owner, set()).add(seq)
             self.model.sent.pop((owner, seq), None)
+            self.model.naked.pop((owner, seq), None)
         still = {seq for m in members for seq in self.h.engine.inspect.pending(m)}
         assert not still & acked, "an acked message is still pending"
 
@@ -255,6 +270,20 @@ class EngineMachine(RuleBasedStateMachine):
         if self.h.engine.ack_progress(sub_id, seq, self.h.now):
             self.model.sent[(self._owner(sub_id), seq)].at = self.h.now
         self.h.collect()
+
+    @precondition(lambda self: self._online())
+    @rule(data=st.data(), delay=st.sampled_from([0.0, 0.4, 0.7, 1.2, 2.5]))
+    def nak(self, data: st.DataObject, delay: float) -> None:
+        """A negative ack, from any member of the message's group: it comes back after `delay`."""
+        sub_id = data.draw(st.sampled_from(self._online()))
+        pending = self._pending_of(sub_id)
+        if not pending:
+            return
+        seq = data.draw(st.sampled_from(pending))
+        owner = self._owner(sub_id)
+        acker = data.draw(st.sampled_from([m for m in self._members(owner) if self.h.engine.is_online(m)]))
+        self.model.naked[(owner, seq)] = self.h.now + delay  # before: a delay of 0 sends it within the call
+        assert self.h.nak(acker, seq, delay)
 
     @precondition(lambda self: self._online())
     @rule(data=st.data(), window=st.integers(0, 5))
@@ -331,7 +360,9 @@ class EngineMachine(RuleBasedStateMachine):
     @rule()
     def restart(self) -> None:
         self.h.collect()
-        recovered = {s: self.h.engine.inspect.pending(s) for s in self._online()}
+        inspect = self.h.engine.inspect
+        # What a nak holds back still waits after the restart (I10), the rest comes first.
+        recovered = {s: set(inspect.pending(s)) - set(inspect.naked(s)) for s in self._online()}
         mark = len(self.events)
         self.model.window.clear()  # a new server knows nothing of windows: doors open them again
         self.h.restart()
@@ -360,6 +391,8 @@ class EngineMachine(RuleBasedStateMachine):
     def _forget_owner(self, owner: Owner) -> None:
         for key in [k for k in self.model.sent if k[0] == owner]:
             del self.model.sent[key]
+        for key in [k for k in self.model.naked if k[0] == owner]:
+            del self.model.naked[key]
         self.model.dead = {k for k in self.model.dead if k[0] != owner}
         for table in (self.model.start, self.model.acked, self.model.last_new, self.model.floor):
             table.pop(owner, None)
@@ -419,7 +452,11 @@ class EngineMachine(RuleBasedStateMachine):
             deadline = self.h.engine.next_deadline(sub_id)
             assert deadline is None or deadline > now, "I6: an expired message was not redelivered"
             recovered = self.hb_recovered.get(record.client_id, -1.0)
+            naked = self.h.engine.inspect.naked(sub_id)
             for seq in pending:
+                if seq in naked:
+                    assert abs(naked[seq] - self.model.naked[(owner, seq)]) < NAK_EPS, "I10: a nak's end moved"
+                    continue
                 sent = self.model.sent.get((owner, seq))
                 assert sent is not None
                 assert now < max(sent.at, recovered) + sent.delay + EPS, f"I6: {seq} overdue on {sub_id}"

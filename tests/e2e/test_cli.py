@@ -121,6 +121,24 @@ def test_sub_ack_progress_works_on_a_slow_message(tmp_path: Path) -> None:
         assert refused.returncode == 2 and "--ack_progress needs --manual_ack" in refused.stderr
 
 
+def test_sub_nak_gives_each_message_back_once(tmp_path: Path) -> None:
+    with server_process("--store", "memory") as server:
+        where = f"127.0.0.1:{server.port}"
+        assert streaming("pub", "-s", where, "jobs", "a", "b").returncode == 0
+        started = time.monotonic()
+        done = streaming("sub", "-s", where, "jobs", "--all", "--count", "4", "--manual_ack", "--nak", "0.5s")
+        assert done.returncode == 0, done.stderr
+        assert time.monotonic() - started >= 0.5
+        assert done.stdout.splitlines() == [
+            "[#1] redelivered=false attempt=1: a",
+            "[#2] redelivered=false attempt=1: b",
+            "[#1] redelivered=true attempt=2: a",
+            "[#2] redelivered=true attempt=2: b",
+        ]
+        refused = streaming("sub", "-s", where, "jobs", "--nak", "1s")
+        assert refused.returncode == 2 and "--nak needs --manual_ack" in refused.stderr
+
+
 def test_server_help_groups_its_flags() -> None:
     text = _server_parser().format_help()
     for group in ("network:", "store:", "limits", "heartbeats:", "monitoring:", "logging:"):

@@ -11,9 +11,10 @@ import anyio
 import pytest
 import trio
 
-from streaming.client import Msg, StanClient, StanError, StartPosition, Subscription, connect
+from streaming.client import Msg, NakNotSupportedError, StanClient, StanError, StartPosition, Subscription, connect
 from tests.support.backends import ServerThread, eventually, on_both_backends, server_thread
 from tests.support.servers import ServerProcess, config, free_port, state_stored
+from tests.support.stan_peer import needs_stan, stan_peer
 
 EMBEDDED = pytest.mark.parametrize("server", ["embedded"], indirect=True)  # it drops the broker's connections
 
@@ -367,3 +368,76 @@ async def test_the_session_survives_a_sigkilled_server_and_its_restart(tmp_path:
                 await nothing_more(sub)
     finally:
         server.stop()
+
+
+@on_both_backends
+async def test_a_nak_over_the_wire_brings_the_message_back_after_its_delay(server: ServerThread) -> None:
+    async with connect(CID, "me", port=server.port) as sc:
+        async with sc.subscribe("naks", manual_ack=True, ack_wait=30, start_at=StartPosition.FIRST) as sub:
+            for i in range(3):
+                await sc.publish("naks", b"%d" % i)
+            got = await take(sub, 3)
+            got[0].nak(delay=0.6)
+            got[1].nak()  # no delay: at once
+            got[2].ack()
+            (now,) = await take(sub, 1)
+            assert (now.seq, now.redelivered, now.attempt) == (2, True, 2)
+            now.ack()
+            await nothing_more(sub, 0.3)  # 1 is not back before its delay
+            (later,) = await take(sub, 1, within=2.0)
+            assert (later.seq, later.redelivered, later.attempt) == (1, True, 2)
+            later.ack()
+            await nothing_more(sub, 0.3)
+
+
+@on_both_backends
+async def test_a_nak_in_auto_ack_mode_is_not_acked_by_the_next_read(server: ServerThread) -> None:
+    async with connect(CID, "me", port=server.port) as sc:
+        async with sc.subscribe("auto", ack_wait=30) as sub:
+            await sc.publish("auto", b"x")
+            (msg,) = await take(sub, 1)
+            msg.nak(delay=0.2)
+            (again,) = await take(sub, 1, within=2.0)  # the read that would have acked it
+            assert (again.seq, again.attempt) == (1, 2)
+
+
+async def test_a_nak_waits_out_its_delay_across_a_sigkill_and_restart(tmp_path: Path) -> None:
+    port = free_port()
+    server = ServerProcess(["-p", str(port), "--http_port=-1", "--dir", str(tmp_path / "data")]).start()
+    try:
+        async with connect(CID, "me", port=port, reconnect_wait_s=0.1) as sc:
+            async with sc.subscribe("foo", durable="d", manual_ack=True, ack_wait=60) as sub:
+                await sc.publish("foo", b"later")
+                (msg,) = await take(sub, 1)
+                naked_at = trio.current_time()
+                msg.nak(delay=4.0)
+                await anyio.sleep(0.1)
+                await state_stored(server.http_port)  # the nak and its end are stored
+                await anyio.to_thread.run_sync(server.kill)
+                await anyio.to_thread.run_sync(server.start)
+                await sc.publish("foo", b"new")  # once reconnected
+                (new,) = await take(sub, 1)
+                assert (new.seq, new.redelivered) == (2, False), "new messages do not wait for a nak'd one"
+                new.ack()
+                (back,) = await take(sub, 1, within=8.0)
+                assert trio.current_time() - naked_at >= 4.0 - 0.05, "not back before its delay, restart or not"
+                assert (back.seq, back.redelivered, back.data) == (1, True, b"later")
+                back.ack()
+                await nothing_more(sub)
+    finally:
+        server.stop()
+
+
+@needs_stan
+async def test_a_nak_to_nats_streaming_server_raises_instead_of_sending(tmp_path: Path) -> None:
+    """nats-streaming-server announces no nak subject: the client says so rather than send a nak
+    that server would not understand (there the message comes back after its AckWait)."""
+    with stan_peer(tmp_path / "stan") as peer:
+        async with connect("test-cluster", "me", port=peer.port) as sc:
+            assert sc.nak_suffix == ""
+            async with sc.subscribe("foo", manual_ack=True) as sub:
+                await sc.publish("foo", b"x")
+                (msg,) = await take(sub, 1)
+                with pytest.raises(NakNotSupportedError):
+                    msg.nak(delay=1)
+                msg.ack()

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streaming.observability.event_schema import EVENTS, FIELDS, MAX_RUN, each_event, problems
-from tests.observability.traffic import AUDIT, DLQ_CHANNEL, ORDERS, scripted_run
+from tests.observability.traffic import AUDIT, DLQ_CHANNEL, ORDERS, RETRY, scripted_run
 from tests.support.servers import config, running
 
 
@@ -43,7 +43,7 @@ async def test_the_server_writes_events_that_match_the_schema(tmp_path: Path) ->
     # Every kind occurs in the scripted run, but a takeover, which needs an FT group (tests/ft).
     assert set(kinds) == set(EVENTS) - {"ft_takeover"}, kinds
     assert kinds["server_start"] == 1
-    assert kinds["publish"] == ORDERS + AUDIT + 2  # the poison message and its dead letter
+    assert kinds["publish"] == ORDERS + AUDIT + 3  # the poison message, its dead letter, the nak'd one
     published = {(e["channel"], e["seq"]) for e in events if e["event"] == "publish"}
     assert ("orders", ORDERS) in published and (DLQ_CHANNEL, 1) in published
 
@@ -55,6 +55,9 @@ async def test_the_server_writes_events_that_match_the_schema(tmp_path: Path) ->
     assert timeouts and timeouts[0]["seq"] == 1 and timeouts[0]["ack_wait_s"] == 0.2
     (dead,) = [e for e in events if e["event"] == "dead_letter"]
     assert (dead["channel"], dead["seq"], dead["attempt"], dead["reason"]) == ("jobs", 1, 2, "max_deliver")
+    (nak,) = [e for e in events if e["event"] == "nak"]
+    assert (nak["channel"], nak["seq"], nak["attempt"], nak["ack_wait_s"]) == (RETRY, 1, 1, 0.05)
+    assert [(e["attempt"], e["reason"]) for e in deliveries if e["channel"] == RETRY] == [(1, "new"), (2, "nak")]
     leaves = [e for e in events if e["event"] == "member_leave"]
     assert {e["member"] for e in leaves} == {"mon-q1", "mon-q2"} and {e["group"] for e in leaves} == {"workers"}
 
@@ -78,7 +81,7 @@ async def test_the_log_rolls_over_by_size_and_loses_nothing(tmp_path: Path) -> N
     assert len(files) >= 2
     assert all(f.stat().st_size < 4096 + 64 * 1024 for f in files)
     events = read_events(log_dir)
-    assert sum(1 for e in events if e["event"] == "publish") == ORDERS + AUDIT + 2
+    assert sum(1 for e in events if e["event"] == "publish") == ORDERS + AUDIT + 3
     assert not [e for e in read_lines(log_dir) if problems(e)]
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from tests.observability.traffic import AUDIT, DLQ_CHANNEL, ORDERS, scripted_run
+from tests.observability.traffic import AUDIT, DLQ_CHANNEL, ORDERS, RETRY, scripted_run
 from tests.support.servers import config, running
 
 
@@ -29,8 +29,8 @@ async def test_pages_match_the_server_after_a_scripted_run(tmp_path: Path) -> No
             assert serverz["cluster_id"] == "test-cluster"
             assert serverz["clients"] == 2  # mon-pub and mon-watch; the queue members have closed
             assert serverz["subscriptions"] == 2  # d1 and the audit subscription
-            assert serverz["channels"] == 4
-            total = ORDERS + AUDIT + 1 + 1
+            assert serverz["channels"] == 5
+            total = ORDERS + AUDIT + 1 + 1 + 1  # the poison message, its dead letter, the nak'd one
             assert serverz["total_msgs"] == total
             assert serverz["state"] == "STANDALONE"
 
@@ -42,8 +42,8 @@ async def test_pages_match_the_server_after_a_scripted_run(tmp_path: Path) -> No
             assert (storez["writable"], storez["write_error"], storez["damaged_messages"]) == (True, None, 0)
 
             channelsz = await get(http, "/streaming/channelsz")
-            assert channelsz["names"] == sorted(["orders", "audit", "jobs", DLQ_CHANNEL])
-            assert (channelsz["count"], channelsz["total"]) == (4, 4)
+            assert channelsz["names"] == sorted(["orders", "audit", "jobs", DLQ_CHANNEL, RETRY])
+            assert (channelsz["count"], channelsz["total"]) == (5, 5)
 
             orders = await get(http, "/streaming/channelsz?channel=orders&subs=1")
             assert (orders["msgs"], orders["first_seq"], orders["last_seq"]) == (ORDERS, 1, ORDERS)
@@ -56,8 +56,8 @@ async def test_pages_match_the_server_after_a_scripted_run(tmp_path: Path) -> No
             assert "workers" not in subs
 
             page = await get(http, "/streaming/channelsz?offset=1&limit=2&subs=1")
-            assert (page["offset"], page["limit"], page["count"], page["total"]) == (1, 2, 2, 4)
-            assert [c["name"] for c in page["channels"]] == sorted(["orders", "audit", "jobs", DLQ_CHANNEL])[1:3]
+            assert (page["offset"], page["limit"], page["count"], page["total"]) == (1, 2, 2, 5)
+            assert [c["name"] for c in page["channels"]] == sorted(["orders", "audit", "jobs", DLQ_CHANNEL, RETRY])[1:3]
 
             clientsz = await get(http, "/streaming/clientsz?subs=1")
             assert [c["id"] for c in clientsz["clients"]] == ["mon-pub", "mon-watch"]

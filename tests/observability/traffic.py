@@ -84,7 +84,16 @@ async def scripted_run(port: int) -> AsyncIterator[Final]:
             await dead.next_msg()
         await jobs.unsubscribe()
         await dead.unsubscribe()
+
+        # A message given back with a nak comes again after its delay, and is acked then.
+        retry = await watch.open_subscription(RETRY, manual_ack=True, ack_wait=60)
+        await pub.publish(RETRY, b"not yet")
+        with trio.fail_after(10):
+            (await retry.next_msg()).nak(delay=0.05)
+            (await retry.next_msg()).ack()
+        await retry.unsubscribe()
         yield Final(pub, watch, durable, audit)
 
 
 DLQ_CHANNEL = "jobs.dead"
+RETRY = "retry"  # one message, nak'd once

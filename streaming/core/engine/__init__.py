@@ -25,6 +25,7 @@ from streaming.core.engine.events import (
     ExpiredByLimit,
     MemberJoined,
     MemberLeft,
+    Naked,
     Observer,
     Reason,
     SubRef,
@@ -40,6 +41,7 @@ from streaming.core.errors import RequestError
 
 __all__ = [
     "AckTimedOut",
+    "Naked",
     "Acked",
     "AckedRun",
     "DeadLetter",

@@ -60,12 +60,14 @@ from streaming.core.engine.events import (
     ExpiredByLimit,
     MemberJoined,
     MemberLeft,
+    Naked,
     Reason,
     SubscriptionClosed,
     SubscriptionCreated,
     SubscriptionRemoved,
 )
 from streaming.core.engine.inspection import Inspection
+from streaming.core.engine.pending import PendingSet
 from streaming.core.engine.reader import MessageReader
 from streaming.core.engine.state import Client, Group, Sub, SubscribeRequest, SubscriptionView, group_key, ref
 from streaming.core.errors import RequestError
@@ -76,6 +78,8 @@ READ_BATCH = 256
 # clients in. A durable resumed with 100,000 pending, or a MaxInflight of 100,000 over a backlog,
 # would otherwise hold the event loop for ~0.5 s before its first message went out.
 PUMP_STEP = 4096
+# The longest a negative ack may hold a message back (a longer delay is cut to it): 30 days.
+MAX_NAK_DELAY_S = 30 * 24 * 3600.0
 
 
 class Engine(EffectsAccumulator):
@@ -93,6 +97,9 @@ class Engine(EffectsAccumulator):
         self._to_pump: dict[int, float] = {}  # subscriptions acks made room in -> the latest ack's now
         self._more: dict[int, float] = {}  # subscriptions a pump left with more to send (PUMP_STEP)
         self._last_seq: dict[str, int] = {}  # channel -> last stored sequence (kept by on_appended)
+        # Recovered naks still waiting out their delay: (subscription, seq, seconds left, end in Unix
+        # ns), made to wait at `start`.
+        self._recovered_naks: list[tuple[Sub, int, float, int]] = []
         self._activity = ChannelActivity(store, self._active_subs)
 
     # -- outputs ---------------------------------------------------------------------------------
@@ -312,10 +319,10 @@ class Engine(EffectsAccumulator):
             self._durables[key] = sub
             return sub
         # Resume: same position and pending; the new request's inboxes, AckWait and MaxInflight.
-        self._resume(sub, request)
+        self._resume(sub, request, now)
         return sub
 
-    def _resume(self, sub: Sub, request: SubscribeRequest) -> None:
+    def _resume(self, sub: Sub, request: SubscribeRequest, now: float) -> None:
         self._by_ack_inbox.pop(sub.record.ack_inbox, None)
         sub.record = attrs.evolve(
             sub.record,
@@ -331,6 +338,7 @@ class Engine(EffectsAccumulator):
         sub.window = 0 if request.on_demand else request.max_inflight
         sub.online = True
         sub.pending.make_all_due(Reason.RESUME)
+        sub.pending.release_naks(now)  # those whose delay ended while it was away
         self._emit_if(SubscriptionCreated(sub.ref, resumed=True))
 
     def _join_group(self, request: SubscribeRequest, now: float, wall_unix_ns: int) -> Sub:
@@ -340,7 +348,7 @@ class Engine(EffectsAccumulator):
         if group is not None and group.shadow is not None:
             sub = group.shadow  # the first member back takes over the empty durable group's state
             group.shadow = None
-            self._resume(sub, request)
+            self._resume(sub, request, now)
         else:
             self._check_room(request.channel)
             if group is None:
@@ -435,19 +443,29 @@ class Engine(EffectsAccumulator):
         self._emit_if(SubscriptionRemoved(sub.ref))
 
     def _hand_over(self, leaving: Sub, group: Group, now: float) -> int:
-        """A leaving member's pending messages go round-robin to the others, due at once."""
-        order = [(seq, leaving.pending.attempt(seq)) for seq in leaving.pending]  # due first, then by deadline
-        self._distribute(group, order, Reason.MEMBER_LEFT)
+        """A leaving member's pending messages go round-robin to the others, due at once, but those
+        given back with a nak, which wait out their delay on the member they go to."""
+        pending = leaving.pending
+        order = [(seq, pending.attempt(seq)) for seq in pending]  # due first, then by deadline, then nak'd
+        self._distribute(group, order, Reason.MEMBER_LEFT, pending if pending.nak_count else None)
         # The group's position must survive the leaving member's record.
         self._updates.append(SetLastSent(group.members[0].record.sub_id, group.last_sent))
         self._pump_group(group, now)
         return len(order)
 
-    def _distribute(self, group: Group, messages: list[tuple[int, int]], reason: Reason) -> None:
-        """Hand (seq, attempt) pairs round-robin to the group's members, due at once and persisted."""
+    def _distribute(
+        self, group: Group, messages: list[tuple[int, int]], reason: Reason, naks: PendingSet | None = None
+    ) -> None:
+        """Hand (seq, attempt) pairs round-robin to the group's members, due at once and persisted
+        (those `naks` holds back for a nak's delay wait for it where they go)."""
         targets = group.members
         for i, (seq, attempt) in enumerate(messages):
-            self._give(targets[i % len(targets)], seq, attempt, reason)
+            target = targets[i % len(targets)]
+            self._give(target, seq, attempt, reason)
+            until = naks.naked_until(seq) if naks is not None else None
+            if until is not None:
+                target.pending.nak(seq, *until)
+                self._updates.append(SetPending(target.record.sub_id, seq, attempt, not_before_ns=until[1]))
 
     def _give(self, target: Sub, seq: int, attempt: int, reason: Reason) -> None:
         """Make `seq` pending on `target`, due at once. Persisted now: the target may not be able to
@@ -559,6 +577,29 @@ class Engine(EffectsAccumulator):
         if window > sub.window and sub.online:
             self._to_pump[sub_id] = now
         sub.window = window
+
+    def nak(self, sub_id: int, seq: int, delay: float, now: float, wall_unix_ns: int) -> bool:
+        """A negative ack: the subscriber gives `seq` back, to be sent again once `delay` seconds have
+        passed (0: at once) as its next attempt (MaxDeliver counts it). Meanwhile it stays pending
+        (unacknowledged: MaxInflight counts it) and not in flight (its AckWait no longer runs); the
+        time it comes back is stored with it, so a restart keeps it waiting. In a queue group it goes
+        to whichever member can take it then. A delay over MAX_NAK_DELAY_S is cut to it. False if it
+        was not pending (stale, duplicate, unknown)."""
+        sub = self._subs.get(sub_id)
+        owner = None if sub is None else self._owner(sub, seq)
+        if owner is None:
+            return False
+        delay = min(max(0.0, delay), MAX_NAK_DELAY_S)
+        until_ns = wall_unix_ns + round(delay * 1e9)
+        owner.pending.nak(seq, now + delay, until_ns)
+        attempt = owner.pending.attempt(seq)
+        owner_id = owner.record.sub_id
+        self._updates.append(SetPending(owner_id, seq, attempt, not_before_ns=until_ns))
+        self._timers.add(owner_id)
+        self._emit_if(Naked(owner.ref, seq, attempt, delay))
+        if not delay:
+            self.expire(owner_id, now)  # back at once, in this step (not at the runtime's next timer pass)
+        return True
 
     def ack_progress(self, sub_id: int, seq: int, now: float) -> bool:
         """A "working" ack: restart the wait of one in-flight message without acking it."""
@@ -867,20 +908,22 @@ class Engine(EffectsAccumulator):
         sub = self._subs.get(sub_id)
         if sub is None or not sub.online:
             return 0
+        released = sub.pending.release_naks(now) if sub.pending.nak_count else []  # now due
         expired = sub.pending.pop_expired(now, limit)
-        if not expired:
+        if not expired and not released:
             return 0
         self._timers.add(sub_id)
         if sub.group is None and self._hb_failed(sub):
-            # The client is not answering heartbeats: skip this pass, wait another AckWait.
+            # The client is not answering heartbeats: skip this pass, wait another AckWait (what a
+            # nak released stays due until its heartbeats come back).
             for seq, delay in expired:
                 sub.pending.sent(seq, sub.pending.attempt(seq), delay, now + delay)
-            return len(expired)
+            return len(expired) + len(released)
         if self._observers:
             for seq, delay in expired:
                 self._emit(AckTimedOut(sub.ref, seq, sub.pending.attempt(seq), delay))
         options = sub.record.options
-        if sub.group is None and not options.max_inflight_redeliveries and not options.max_deliver:
+        if sub.group is None and not (released or options.max_inflight_redeliveries or options.max_deliver):
             # The common case, straight through: redeliver each expired message now, in order.
             pending, channel = sub.pending, sub.record.channel
             messages = self._reader.read_many(channel, [seq for seq, _ in expired])
@@ -893,16 +936,18 @@ class Engine(EffectsAccumulator):
             return len(expired)
         if sub.group is None:
             self._pump_plain(sub, now, drain=True)
-            return len(expired)
+            return len(expired) + len(released)
         group = sub.group
-        for seq, _ in expired:
+        moving = [(seq, Reason.NAK) for seq in released]
+        moving += [(seq, Reason.ACK_TIMEOUT) for seq, _ in expired]
+        for seq, reason in moving:
             target = self._pick(group, for_new=False)
             if target is not None and target is not sub:
                 attempt = sub.pending.attempt(seq)
                 self._forget(sub, seq)
-                self._give(target, seq, attempt, Reason.ACK_TIMEOUT)
+                self._give(target, seq, attempt, reason)
         self._pump_group(group, now)
-        return len(expired)
+        return len(expired) + len(released)
 
     # -- restart: the calls `streaming.core.engine.recovery` rebuilds the engine with ------------------
 
@@ -919,12 +964,23 @@ class Engine(EffectsAccumulator):
         group.last_sent = max(group.last_sent, record.last_sent)
         return group
 
-    def restore(self, record: SubscriptionRecord, pending: dict[int, int], group: Group | None, *, online: bool) -> Sub:
-        """A recovered subscription, with every pending message due (before any new one); online when
-        its client is registered and it was not closed."""
+    def restore(
+        self,
+        record: SubscriptionRecord,
+        pending: dict[int, int],
+        group: Group | None,
+        *,
+        online: bool,
+        naks: dict[int, tuple[float, int]] | None = None,
+    ) -> Sub:
+        """A recovered subscription, with every pending message due (before any new one) except the
+        nak'd ones in `naks` (seq -> (seconds of their delay left, its end in Unix ns)), which wait from
+        `start`; online when its client is registered and it was not closed."""
         record = attrs.evolve(record, is_closed=not online)
         sub = Sub(record, group, online)
         sub.pending.add_due_many(pending, Reason.RESTART)
+        if naks:
+            self._recovered_naks += [(sub, seq, *left) for seq, left in naks.items() if left[0] > 0 and seq in pending]
         self._add(sub)
         if record.is_durable and not record.queue_group:
             self._durables[(record.client_id, record.channel, record.durable_name)] = sub
@@ -955,7 +1011,12 @@ class Engine(EffectsAccumulator):
         self._updates.append(DeleteSubscription(sub_id))
 
     def start(self, now: float) -> None:
-        """After recovery: redeliver everything recovered, then send what is new."""
+        """After recovery: redeliver everything recovered (but what nak'd messages wait for), then send
+        what is new."""
+        for sub, seq, left, until_ns in self._recovered_naks:
+            sub.pending.nak(seq, now + left, until_ns)
+            self._timers.add(sub.record.sub_id)
+        self._recovered_naks = []
         for sub in list(self._subs.values()):
             if sub.online:
                 self._pump_sub(sub, now)

@@ -25,6 +25,7 @@ class Reason(enum.Enum):
     MEMBER_LEFT = "member_left"
     RESTART = "restart"
     RESUME = "resume"  # a durable (or durable queue group) came back with messages still pending
+    NAK = "nak"  # the subscriber gave it back with a negative ack, and its delay has passed
 
 
 @attrs.define(slots=True)
@@ -139,6 +140,16 @@ class AckTimedOut:
 
 
 @attrs.frozen(slots=True)
+class Naked:
+    """The subscriber gave `seq` back with a negative ack: it comes back after `delay_s`."""
+
+    sub: SubRef
+    seq: int
+    attempt: int
+    delay_s: float
+
+
+@attrs.frozen(slots=True)
 class ExpiredByLimit:
     sub: SubRef
     seq: int
@@ -187,6 +198,7 @@ Event = (
     | Acked
     | AckedRun
     | AckTimedOut
+    | Naked
     | ExpiredByLimit
     | DeadLettered
     | MemberJoined

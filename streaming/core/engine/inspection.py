@@ -36,6 +36,11 @@ class Inspection:
         """Pending messages due for redelivery that the subscription cannot take yet."""
         return set(self._engine.state_of(sub_id).pending.due())
 
+    def naked(self, sub_id: int) -> dict[int, float]:
+        """Pending messages given back with a nak, seq -> when (engine clock) they come back."""
+        pending = self._engine.state_of(sub_id).pending
+        return {seq: until[0] for seq in pending if (until := pending.naked_until(seq)) is not None}
+
     def owner_key(self, sub_id: int) -> tuple[str, str, int]:
         """Who acks count for: the queue group (any member) or the subscription itself."""
         sub = self._engine.state_of(sub_id)

@@ -9,6 +9,11 @@ The *due* queue holds messages to send as soon as the subscription can take them
 leaving queue member, recovered after a restart, pending on a resumed durable, or expired while the
 opt-in MaxInflight-on-redeliveries limit was reached. It is drained before any new message.
 
+A message the subscriber gave back with a negative ack (nak) and a delay waits in the *nak* set until
+its time comes, then joins the due queue. Naks are rare next to deliveries, so they have a heap of
+their own (entries that no longer apply are skipped when they surface) and cost nothing while none
+waits.
+
 Attempt counts are stored only for messages sent more than once (most pending messages are on their
 first attempt), which keeps a pending message at about 100 bytes.
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator
+from heapq import heappop, heappush
 from itertools import repeat
 from operator import sub
 
@@ -24,7 +30,7 @@ from streaming.core.engine.events import Reason
 
 
 class PendingSet:
-    __slots__ = ("_attempts", "_due", "_lanes", "_size")
+    __slots__ = ("_attempts", "_due", "_lanes", "_nak_heap", "_naked", "_size")
 
     def __init__(self) -> None:
         self._lanes: dict[float, dict[int, float]] = {}  # delay -> {seq: deadline}, deadline order
@@ -33,13 +39,16 @@ class PendingSet:
         # the ones before it walks over their empty slots (100,000 due after a restart: ~4 s).
         self._due: OrderedDict[int, Reason] = OrderedDict()
         self._attempts: dict[int, int] = {}  # seq -> deliveries so far, only when > 1
+        # seq -> when a nak'd message comes back: (clock time, Unix ns, which the store keeps)
+        self._naked: dict[int, tuple[float, int]] = {}
+        self._nak_heap: list[tuple[float, int]] = []  # (when, seq); an entry `_naked` disagrees with is stale
         self._size = 0
 
     def __len__(self) -> int:
         return self._size
 
     def __contains__(self, seq: int) -> bool:
-        if seq in self._due:
+        if seq in self._due or seq in self._naked:
             return True
         for lane in self._lanes.values():  # noqa: SIM110 - a plain loop, no generator, on the ack path
             if seq in lane:
@@ -50,6 +59,7 @@ class PendingSet:
         yield from self._due
         for lane in self._lanes.values():
             yield from lane
+        yield from self._naked
 
     @property
     def due_count(self) -> int:
@@ -57,8 +67,43 @@ class PendingSet:
 
     @property
     def in_flight(self) -> int:
-        """Messages sent and not yet expired (what MaxInflight bounds)."""
-        return self._size - len(self._due)
+        """Messages sent and not yet expired, nor given back with a nak (what MaxInflight bounds)."""
+        return self._size - len(self._due) - len(self._naked)
+
+    @property
+    def nak_count(self) -> int:
+        """Messages given back with a nak and waiting for their delay."""
+        return len(self._naked)
+
+    def naked_until(self, seq: int) -> tuple[float, int] | None:
+        """When `seq`, given back with a nak, comes back: (clock time, Unix ns); None if it is not
+        waiting for a nak's delay."""
+        return self._naked.get(seq)
+
+    def nak(self, seq: int, until: float, until_unix_ns: int) -> bool:
+        """`seq` was given back with a nak: it leaves its lane (or the due queue) and waits until `until`
+        (`until_unix_ns` on the wall clock), then becomes due (`release_naks`). It stays pending. False
+        if it was not pending."""
+        if self._due.pop(seq, None) is None and not self._drop_from_lanes(seq):
+            return False
+        self._naked[seq] = (until, until_unix_ns)
+        heappush(self._nak_heap, (until, seq))
+        return True
+
+    def release_naks(self, now: float) -> list[int]:
+        """The nak'd messages whose delay has passed, in the order of their times: each becomes due."""
+        heap, naked = self._nak_heap, self._naked
+        out: list[int] = []
+        while heap and heap[0][0] <= now:
+            until, seq = heappop(heap)
+            entry = naked.get(seq)
+            if entry is not None and entry[0] == until:
+                del naked[seq]
+                self._due[seq] = Reason.NAK
+                out.append(seq)
+        if not naked:
+            heap.clear()
+        return out
 
     def attempt(self, seq: int) -> int:
         return self._attempts.get(seq, 1)
@@ -114,7 +159,7 @@ class PendingSet:
 
         `delivered at` is the clock time of its last delivery, or -1.0 if it was waiting in the due queue.
         """
-        if self._due.pop(seq, None) is not None:
+        if self._due.pop(seq, None) is not None or (self._naked and self._naked.pop(seq, None) is not None):
             delivered = -1.0
         else:
             for delay, lane in self._lanes.items():
@@ -133,7 +178,7 @@ class PendingSet:
         With one lane (a fixed AckWait, the usual) each is a dict pop in C, not a call: a burst of acks
         costs a few C loops, whatever its length. What that lane does not hold (due, or not pending)
         goes through `remove`."""
-        if len(self._lanes) != 1:
+        if len(self._lanes) != 1 or self._naked:
             removed = [self.remove(seq) for seq in seqs]
             return removed, all(r is None or r[0] == 1 for r in removed)
         ((delay, lane),) = self._lanes.items()
@@ -173,8 +218,15 @@ class PendingSet:
         return False
 
     def next_deadline(self) -> float | None:
-        """The earliest lane deadline (the due queue is the caller's business)."""
+        """The earliest lane deadline or nak's end (the due queue is the caller's business)."""
         earliest: float | None = None
+        heap, naked = self._nak_heap, self._naked
+        while heap:
+            entry = naked.get(heap[0][1])
+            if entry is not None and entry[0] == heap[0][0]:
+                earliest = heap[0][0]
+                break
+            heappop(heap)  # acked, re-sent or nak'd again since
         for lane in self._lanes.values():
             for deadline in lane.values():
                 if earliest is None or deadline < earliest:
@@ -213,10 +265,14 @@ class PendingSet:
         return None
 
     def make_all_due(self, reason: Reason) -> None:
-        """Every pending message becomes due, in sequence order (restart and durable resume)."""
-        everything = sorted(self)
+        """Every pending message becomes due, in sequence order (durable resume), except those given
+        back with a nak: they still wait for their delay."""
+        everything = sorted(seq for seq in self if seq not in self._naked)
         self._due = OrderedDict.fromkeys(everything, reason)
         self._lanes = {}
 
     def _drop_from_lanes(self, seq: int) -> bool:
+        """Take `seq` out of its lane, or out of the nak set; whether it was in either."""
+        if self._naked and self._naked.pop(seq, None) is not None:
+            return True
         return any(lane.pop(seq, None) is not None for lane in self._lanes.values())

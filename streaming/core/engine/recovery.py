@@ -15,19 +15,22 @@ from storage.records import RecoveredState, SubscriptionRecord
 from streaming.core.engine.engine import Engine
 from streaming.core.engine.state import group_key
 
+Naks = dict[int, tuple[float, int]]  # seq -> (seconds of a nak's delay left, its end in Unix ns)
 
-def recover(store: Store, state: RecoveredState | None = None) -> Engine:
+
+def recover(store: Store, state: RecoveredState | None = None, wall_unix_ns: int = 0) -> Engine:
     """An engine holding what the store recovered (`state`, else the store's own `recover()`); call
-    `start(now)` on it to send what is due."""
-    return rebuild(Engine(store), state if state is not None else store.recover())
+    `start(now)` on it to send what is due. `wall_unix_ns`, the time now, tells how long the messages
+    given back with a nak still wait (0: they do not)."""
+    return rebuild(Engine(store), state if state is not None else store.recover(), wall_unix_ns)
 
 
-def rebuild(engine: Engine, state: RecoveredState) -> Engine:
+def rebuild(engine: Engine, state: RecoveredState, wall_unix_ns: int = 0) -> Engine:
     """Fill a new engine with what the store recovered after a restart."""
     for client in state.clients:
         engine.add_client(client.client_id)
     channels = {c.name for c in state.channels}
-    shadows: dict[tuple[str, str], list[tuple[SubscriptionRecord, dict[int, int]]]] = {}
+    shadows: dict[tuple[str, str], list[tuple[SubscriptionRecord, dict[int, int], Naks | None]]] = {}
 
     def online(record: SubscriptionRecord) -> bool:
         return engine.has_client(record.client_id) and not record.is_closed
@@ -37,14 +40,15 @@ def rebuild(engine: Engine, state: RecoveredState) -> Engine:
     for recovered in ordered:
         record, pending = recovered.record, dict(recovered.pending)
         is_online = online(record)
+        naks = {seq: ((ns - wall_unix_ns) / 1e9, ns) for seq, ns in recovered.naks.items()} if wall_unix_ns else None
         if record.channel not in channels:
             engine.discard_recovered(record.sub_id)
         elif record.queue_group:
             key = group_key(record.durable_name, record.queue_group)
             if is_online:
-                engine.restore(record, pending, engine.restore_group(record, key), online=True)
+                engine.restore(record, pending, engine.restore_group(record, key), online=True, naks=naks)
             elif record.is_durable:
-                shadows.setdefault((record.channel, key), []).append((record, pending))
+                shadows.setdefault((record.channel, key), []).append((record, pending, naks))
             else:
                 group = engine.group(record.channel, key)
                 if group is not None and group.members:
@@ -52,7 +56,7 @@ def rebuild(engine: Engine, state: RecoveredState) -> Engine:
                     engine.hand_to_members(group, pending)
                 engine.discard_recovered(record.sub_id)
         elif record.is_durable or is_online:
-            engine.restore(record, pending, None, online=is_online)
+            engine.restore(record, pending, None, online=is_online, naks=naks)
         else:
             engine.discard_recovered(record.sub_id)
     for (channel, key), candidates in shadows.items():
@@ -61,13 +65,17 @@ def rebuild(engine: Engine, state: RecoveredState) -> Engine:
 
 
 def _restore_shadow(
-    engine: Engine, channel: str, key: str, candidates: list[tuple[SubscriptionRecord, dict[int, int]]]
+    engine: Engine,
+    channel: str,
+    key: str,
+    candidates: list[tuple[SubscriptionRecord, dict[int, int], Naks | None]],
 ) -> None:
-    """An empty durable group's state; several shadows merge into the one with the highest position."""
+    """An empty durable group's state; several shadows merge into the one with the highest position
+    (what waits for a nak's delay waits on in the one kept; merged in from the others, it is due)."""
     candidates.sort(key=lambda c: c[0].last_sent)
-    record, pending = candidates[-1]
+    record, pending, naks = candidates[-1]
     group = engine.group(channel, key)
-    for other, other_pending in candidates[:-1]:
+    for other, other_pending, _ in candidates[:-1]:
         for seq, attempt in other_pending.items():
             if group is None or not any(seq in m.pending for m in group.members):
                 pending[seq] = max(attempt, pending.get(seq, 0))
@@ -80,4 +88,4 @@ def _restore_shadow(
         engine.discard_recovered(record.sub_id)
         return
     group = engine.restore_group(record, key)
-    engine.restore_shadow(group, engine.restore(record, pending, group, online=False))
+    engine.restore_shadow(group, engine.restore(record, pending, group, online=False, naks=naks))

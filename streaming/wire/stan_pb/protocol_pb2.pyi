@@ -76,6 +76,16 @@ class Ack(_message.Message):
     inProgress: bool
     def __init__(self, subject: _Optional[str] = ..., sequence: _Optional[int] = ..., inProgress: _Optional[bool] = ...) -> None: ...
 
+class Nak(_message.Message):
+    __slots__ = ("subject", "sequence", "delayMs")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    DELAYMS_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    sequence: int
+    delayMs: int
+    def __init__(self, subject: _Optional[str] = ..., sequence: _Optional[int] = ..., delayMs: _Optional[int] = ...) -> None: ...
+
 class ConnectRequest(_message.Message):
     __slots__ = ("clientID", "heartbeatInbox", "protocol", "connID", "pingInterval", "pingMaxOut")
     CLIENTID_FIELD_NUMBER: _ClassVar[int]
@@ -93,7 +103,7 @@ class ConnectRequest(_message.Message):
     def __init__(self, clientID: _Optional[str] = ..., heartbeatInbox: _Optional[str] = ..., protocol: _Optional[int] = ..., connID: _Optional[bytes] = ..., pingInterval: _Optional[int] = ..., pingMaxOut: _Optional[int] = ...) -> None: ...
 
 class ConnectResponse(_message.Message):
-    __slots__ = ("pubPrefix", "subRequests", "unsubRequests", "closeRequests", "error", "subCloseRequests", "pingRequests", "pingInterval", "pingMaxOut", "protocol", "publicKey")
+    __slots__ = ("pubPrefix", "subRequests", "unsubRequests", "closeRequests", "error", "subCloseRequests", "pingRequests", "pingInterval", "pingMaxOut", "protocol", "publicKey", "nakSuffix")
     PUBPREFIX_FIELD_NUMBER: _ClassVar[int]
     SUBREQUESTS_FIELD_NUMBER: _ClassVar[int]
     UNSUBREQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +115,7 @@ class ConnectResponse(_message.Message):
     PINGMAXOUT_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     PUBLICKEY_FIELD_NUMBER: _ClassVar[int]
+    NAKSUFFIX_FIELD_NUMBER: _ClassVar[int]
     pubPrefix: str
     subRequests: str
     unsubRequests: str
@@ -116,7 +127,8 @@ class ConnectResponse(_message.Message):
     pingMaxOut: int
     protocol: int
     publicKey: str
-    def __init__(self, pubPrefix: _Optional[str] = ..., subRequests: _Optional[str] = ..., unsubRequests: _Optional[str] = ..., closeRequests: _Optional[str] = ..., error: _Optional[str] = ..., subCloseRequests: _Optional[str] = ..., pingRequests: _Optional[str] = ..., pingInterval: _Optional[int] = ..., pingMaxOut: _Optional[int] = ..., protocol: _Optional[int] = ..., publicKey: _Optional[str] = ...) -> None: ...
+    nakSuffix: str
+    def __init__(self, pubPrefix: _Optional[str] = ..., subRequests: _Optional[str] = ..., unsubRequests: _Optional[str] = ..., closeRequests: _Optional[str] = ..., error: _Optional[str] = ..., subCloseRequests: _Optional[str] = ..., pingRequests: _Optional[str] = ..., pingInterval: _Optional[int] = ..., pingMaxOut: _Optional[int] = ..., protocol: _Optional[int] = ..., publicKey: _Optional[str] = ..., nakSuffix: _Optional[str] = ...) -> None: ...
 
 class Ping(_message.Message):
     __slots__ = ("connID",)
