@@ -307,7 +307,7 @@ class PullDoor:
         return None
 
     async def acknowledge(
-        self, live: PullConsumer, seq: int, if_match: str | None, acknowledge: bool
+        self, live: PullConsumer, seq: int, if_match: str | None, acknowledge: bool, delay: float = 0.0
     ) -> pp.AckDecision:
         consumer = live.consumer
         now = trio.current_time()
@@ -317,14 +317,25 @@ class PullDoor:
         if not decision.action:
             self._open(live)  # the decision may have voided an expired delivery
             return decision
-        consumer.settle(seq, acknowledge, now)
-        self._open(live)  # narrowed before the ack, which would otherwise refill what it frees
         if acknowledge:
+            consumer.settle(seq, True, now)
+            self._open(live)  # narrowed before the ack, which would otherwise refill what it frees
             self._acked += 1
             self.core.ack(live.sub_id, seq)
             await self.core.acks_stored()  # 204 only once the ack is stored
-        else:
-            self._nacked += 1
+            return decision
+        # The engine takes it back: after the delay (0: at once; a restart keeps the wait) it sends
+        # it as its next attempt, MaxDeliver counting it, to this consumer or, in a group, to a
+        # member that can take it.
+        self._nacked += 1
+        ready = consumer.settle(seq, False, now, requeue=False)
+        if ready is not None and not ready.borrowed:
+            consumer.naked.add(seq)  # still pending on this consumer's subscription: its window counts it
+        self._open(live)
+        if not self.core.nak(live.sub_id, seq, delay) and ready is not None:
+            consumer.naked.discard(seq)
+            consumer.requeue_ready(ready)  # the engine no longer holds it here: ready here at once
+            self._open(live)
             self._wake(live)
         return decision
 

@@ -281,9 +281,10 @@ class PullApp:
             seq = _seq(request)
             form = await _form(request)
             acknowledge = pp.parse_acknowledge(form.get("acknowledge"))
+            delay = pp.parse_delay(form.get("delay"), acknowledge)
         except pp.BadParameter as exc:
             return _problem(400, "bad-parameter", parameter=exc.name, detail=str(exc))
-        decision = await self.door.acknowledge(live, seq, request.headers.get("if-match"), acknowledge)
+        decision = await self.door.acknowledge(live, seq, request.headers.get("if-match"), acknowledge, delay)
         if decision.status == 204:
             return Response(status_code=204, headers=self._link_headers(self._next_links(request, live), live))
         if decision.status == 405:

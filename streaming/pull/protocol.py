@@ -216,6 +216,7 @@ class Consumer:
         self.counts: dict[int, int] = {}  # seq -> delivery count of its latest hand-out here
         self.delivered: dict[int, float] = {}  # seq -> when last handed out here (for 404 vs 412)
         self.borrowed: set[int] = set()  # bound here, held by another member's engine subscription
+        self.naked: set[int] = set()  # nacked with a delay: the engine holds them back, still pending here
         self.waiting = 0  # pulls waiting for a message
         self.last_active = now
 
@@ -229,6 +230,7 @@ class Consumer:
         bound = self.bound.pop(seq, None)
         if bound is not None:
             self._void(bound, now, "expired" if now >= bound.deadline else "redelivered")
+        self.naked.discard(seq)
         entry = Ready(seq, timestamp_unix_ns, data, attempt, content_type)
         if attempt > 1 or seq in self.counts:
             self.redelivered[seq] = entry
@@ -241,6 +243,7 @@ class Consumer:
         bound = self.bound.pop(seq, None)
         if bound is not None:
             self._void(bound, now, why)
+        self.naked.discard(seq)
         self.redelivered.pop(seq, None)  # a copy waiting here is stale too
         if any(e.seq == seq for e in self.new):
             self.new = deque(e for e in self.new if e.seq != seq)
@@ -249,7 +252,7 @@ class Consumer:
         """How many pending messages its engine subscription should hold: those handed out and not
         settled (but those another member's subscription holds), and one per waiting pull. The engine
         sends new messages only up to it, so none waits here for a pull that may never come."""
-        return len(self.bound) - len(self.borrowed) + self.waiting
+        return len(self.bound) - len(self.borrowed) + len(self.naked) + self.waiting
 
     # -- queue-group sharing -------------------------------------------------------------------------
 
@@ -351,9 +354,10 @@ class Consumer:
             return AckDecision(405 if settings.ack_replay_405 else 204)
         return AckDecision(412, body={"error": "stale-delivery", "seq": seq, "state": "unknown-tag"})
 
-    def settle(self, seq: int, acknowledge: bool, now: float) -> None:
+    def settle(self, seq: int, acknowledge: bool, now: float, *, requeue: bool = True) -> Ready | None:
         """An ack or nack of the current delivery of `seq` took effect. A nacked message is ready
-        again at once, ahead of newer ones."""
+        again at once, ahead of newer ones, unless not `requeue` (the engine sends it again after the
+        nack's delay): then it is returned, for `requeue_ready` should the engine not take it."""
         bound = self.bound.pop(seq)
         borrowed = seq in self.borrowed
         self.borrowed.discard(seq)
@@ -364,7 +368,15 @@ class Consumer:
         else:
             self.settled[tag] = Settled(seq, "nacked", now)
             h = bound.handout
-            self.redelivered[seq] = Ready(seq, h.timestamp_unix_ns, h.data, h.count + 1, h.content_type, borrowed)
+            ready = Ready(seq, h.timestamp_unix_ns, h.data, h.count + 1, h.content_type, borrowed)
+            if not requeue:
+                return ready
+            self.redelivered[seq] = ready
+        return None
+
+    def requeue_ready(self, ready: Ready) -> None:
+        """A nacked message the engine did not take back is ready here again, ahead of newer ones."""
+        self.redelivered[ready.seq] = ready
 
     def current_tag(self, seq: int, now: float) -> str | None:
         bound = self.bound.get(seq)
@@ -424,6 +436,25 @@ def _tags(if_match: str) -> list[str]:
 
 def new_id() -> str:
     return secrets.token_hex(8)
+
+
+MAX_NACK_DELAY_S = 30 * 24 * 3600.0  # what the engine allows a negative ack's delay (MAX_NAK_DELAY_S)
+
+
+def parse_delay(value: str | None, acknowledge: bool) -> float:
+    """A nack's `delay`: seconds (a decimal number, 0 to 30 days) before the message is handed out
+    again; absent is 0. Raises BadParameter, also for a delay on an ack."""
+    if value is None or value == "":
+        return 0.0
+    if acknowledge:
+        raise BadParameter("delay", "only a nack (acknowledge=false) has a delay")
+    try:
+        delay = float(value)
+    except ValueError:
+        raise BadParameter("delay", f"expected seconds, got {value!r}") from None
+    if not 0 <= delay <= MAX_NACK_DELAY_S:  # also NaN
+        raise BadParameter("delay", f"expected 0 to {MAX_NACK_DELAY_S:.0f} seconds, got {value!r}")
+    return delay
 
 
 def parse_acknowledge(value: object) -> bool:

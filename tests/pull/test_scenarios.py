@@ -173,6 +173,46 @@ async def test_nack(http: httpx.AsyncClient) -> None:
     assert (await ack(http, again, acknowledge=False)).status_code == 409, "nack after its ack"
 
 
+async def test_a_nack_with_a_delay_holds_the_message_back_that_long(http: httpx.AsyncClient) -> None:
+    await publish(http, "later", b"m1", b"m2")
+    made = await create(http, "later", start="first", max_inflight=2)
+    pulled = await http.post(link(made, "next")["url"])
+    target = link(pulled, "acknowledgement")
+    nacked = await http.post(
+        target["url"], headers={"If-Match": f'"{target["etag"]}"'}, json={"acknowledge": False, "delay": 0.8}
+    )
+    assert nacked.status_code == 204
+    started = trio.current_time()
+    second = await http.post(link(pulled, "next")["url"], headers={"Accept-Wait": "1"})
+    assert second.content == b"m2", "newer messages do not wait for the nacked one"
+    again = await http.post(link(second, "next")["url"], headers={"Accept-Wait": "3"})
+    assert again.status_code == 200 and again.content == b"m1"
+    assert trio.current_time() - started >= 0.8 - 0.05, "not before its delay"
+    assert (again.headers["msg-redelivered"], again.headers["msg-delivery-count"]) == ("true", "2")
+    assert (await ack(http, again)).status_code == 204
+    assert (await ack(http, second)).status_code == 204
+
+
+async def test_a_nack_counts_against_max_deliver_and_a_bad_delay_is_refused(
+    http: httpx.AsyncClient, server: Running
+) -> None:
+    await publish(http, "tries", b"poison")
+    made = await create(http, "tries", start="first")
+    pulled = await http.post(link(made, "next")["url"])
+    target = link(pulled, "acknowledgement")
+    for body, why in [({"acknowledge": True, "delay": 1}, "an ack"), ({"acknowledge": False, "delay": "soon"}, "x")]:
+        refused = await http.post(target["url"], headers={"If-Match": f'"{target["etag"]}"'}, json=body)
+        assert refused.status_code == 400 and refused.json()["parameter"] == "delay", why
+    refused = await http.post(
+        target["url"], headers={"If-Match": f'"{target["etag"]}"'}, json={"acknowledge": False, "delay": -1}
+    )
+    assert refused.status_code == 400
+    assert (await ack(http, pulled, acknowledge=False)).status_code == 204
+    again = await http.post(link(pulled, "next")["url"], headers={"Accept-Wait": "2"})
+    assert again.headers["msg-delivery-count"] == "2", "a nack is an attempt the engine counts"
+    assert pending(server, "tries") == 1
+
+
 async def test_max_inflight(http: httpx.AsyncClient) -> None:
     await publish(http, "inflight", b"m1", b"m2", b"m3")
     made = await create(http, "inflight", start="first", max_inflight=2)
