@@ -244,6 +244,8 @@ class BayeuxDoor:
             live.hold.event.set()
             live.hold = None
         ext = message.get("ext")
+        naks = bx.naks_of(message)
+        given_back = self._give_back(session.give_back(naks)) if naks else 0  # before ext.ack acks their batch
         self._ack(session.acknowledge(ext.get("ack") if isinstance(ext, dict) else None))
         session.expires_at = math.inf
         if alone and session.connected and not bx.client_wants_now(message) and not session.has_to_send():
@@ -269,7 +271,8 @@ class BayeuxDoor:
             self._ack(entries)  # no acks will come: what is written is delivered, at most once
         self._delivered += len(entries)
         self._resent += resent
-        return [*(e.message for e in entries), bx.connect_reply(message, batch, settings)]
+        taken = None if naks is None else given_back
+        return [*(e.message for e in entries), bx.connect_reply(message, batch, settings, taken)]
 
     def _ack(self, entries: list[bx.Entry]) -> None:
         if not entries:
@@ -281,6 +284,14 @@ class BayeuxDoor:
         with core.span():  # one pass and one state write for the request's acks
             for sub_id, seqs in by_sub.items():
                 core.ack_many(sub_id, seqs)
+
+    def _give_back(self, naks: list[tuple[int, int, float]]) -> int:
+        """Negative acks of a session's deliveries: the engine sends each again after its delay."""
+        if naks:
+            with self.core.span():
+                for sub_id, seq, delay in naks:
+                    self.core.nak(sub_id, seq, delay)
+        return len(naks)
 
     def _end(self, live: _Live) -> None:
         """Disconnect or expiry: the session, its subscriptions and its queue go; nothing queued is

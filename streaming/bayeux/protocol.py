@@ -129,6 +129,26 @@ class Session:
             acked.append(entry)
         return acked
 
+    def give_back(self, naks: list[tuple[int, int, float]]) -> list[tuple[int, int, float]]:
+        """The (sub_id, seq, delay) of `naks` (see `naks_of`) that name a delivery sent to this session
+        and not yet acknowledged, removed from the queue (the engine sends each again after its delay,
+        and a later `ext.ack` must not acknowledge it). A scan of the queue (at most `max_unacked`
+        entries) per connect that carries naks, none for the others."""
+        wanted = {(sub_id, seq): delay for sub_id, seq, delay in naks if (sub_id, seq) in self._queued}
+        if not wanted:
+            return []
+        taken: list[tuple[int, int, float]] = []
+        kept: deque[Entry] = deque()
+        for entry in self.unacked:
+            key = (entry.sub_id, entry.seq)
+            if entry.sent and key in wanted:
+                self._queued.discard(key)
+                taken.append((entry.sub_id, entry.seq, wanted[key]))
+            else:
+                kept.append(entry)
+        self.unacked = kept
+        return taken
+
     def close_batch(self) -> tuple[int | None, list[Entry], int]:
         """For a connect reply: the batch number it carries (None without the extension), the
         entries it delivers, and how many of those go again. Without the extension the entries leave
@@ -236,10 +256,42 @@ def client_wants_now(message: dict[str, Any]) -> bool:
     return isinstance(advice, dict) and advice.get("timeout") == 0
 
 
-def connect_reply(message: dict[str, Any], batch: int | None, settings: BayeuxSettings) -> dict[str, Any]:
+def connect_reply(
+    message: dict[str, Any], batch: int | None, settings: BayeuxSettings, naks: int | None = None
+) -> dict[str, Any]:
+    """`naks`: how many of the connect's `ext.nak` were taken (None: it carried none)."""
     out = reply(message, successful=True, advice=settings.advice())
     if batch is not None:
         out["ext"] = {"ack": batch}
+    if naks is not None:
+        out.setdefault("ext", {})["nak"] = naks
+    return out
+
+
+MAX_NAK_DELAY_S: Final = 30 * 24 * 3600.0  # the engine's longest (MAX_NAK_DELAY_S there)
+_NAK_ID = re.compile(r"([0-9]{1,18})x([0-9]{1,19})")
+
+
+def naks_of(message: dict[str, Any]) -> list[tuple[int, int, float]] | None:
+    """A connect's `ext.nak` (our extension: messages given back, to come again after a delay): a list
+    of delivery ids (`"<sub>x<seq>"`, back at once) or `{"id": ..., "delay": seconds}` objects, as
+    (sub_id, seq, delay). None when the connect has no `ext.nak`; elements that are not one of these
+    (or a delay outside 0 to 30 days) are left out, and the reply's `ext.nak` says how many were taken."""
+    ext = message.get("ext")
+    given = ext.get("nak") if isinstance(ext, dict) else None
+    if given is None:
+        return None
+    if not isinstance(given, list):
+        return []
+    out: list[tuple[int, int, float]] = []
+    for item in given[:4096]:
+        ident, delay = (item.get("id"), item.get("delay", 0)) if isinstance(item, dict) else (item, 0)
+        if not isinstance(ident, str) or isinstance(delay, bool) or not isinstance(delay, int | float):
+            continue
+        found = _NAK_ID.fullmatch(ident)
+        if found is None or not 0 <= delay <= MAX_NAK_DELAY_S:
+            continue
+        out.append((int(found[1]), int(found[2]), float(delay)))
     return out
 
 

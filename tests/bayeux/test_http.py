@@ -80,6 +80,34 @@ async def test_a_lower_ack_with_several_batches_out_resends_them_first_under_a_n
         assert pending(server, "/chat/a") == 0
 
 
+async def test_a_nak_on_a_connect_gives_messages_back_for_a_delay_and_the_ack_spares_them(server: Running) -> None:
+    async with raw_client(server.http_api_port) as sub, raw_client(server.http_api_port) as pub:
+        await sub.subscriber("/chat/n")
+        await pub.handshake()
+        for n in (1, 2, 3):
+            await pub.publish("/chat/n", n)
+        deliveries, reply = await sub.connect(1)
+        assert datas(deliveries) == [1, 2, 3] and reply["ext"] == {"ack": 2}
+        ids = [d["id"] for d in deliveries]
+        message = sub.connect_message(2, now=True)
+        message["ext"]["nak"] = [
+            {"id": ids[0], "delay": 0.6},
+            ids[1],
+            {"id": "9x9", "delay": 1},
+            {"id": ids[2], "delay": -1},
+        ]
+        start = trio.current_time()
+        *deliveries, reply = await sub.post([message], "/connect")
+        assert reply["ext"] == {"ack": 3, "nak": 2}, "two taken: a delivery of another session and a bad delay are not"
+        assert datas(deliveries) == [2], "nak'd without a delay: back at once; 3 acked with its batch"
+        assert deliveries[0]["ext"]["seq"] == 2
+        assert pending(server, "/chat/n") == 2  # 1 waits for its delay, 2 is out again
+        deliveries, reply = await sub.connect(3)  # held until 1 is back
+        assert datas(deliveries) == [1] and trio.current_time() - start >= 0.6 - 0.05
+        deliveries, reply = await sub.connect(reply["ext"]["ack"], now=True)
+        assert deliveries == [] and pending(server, "/chat/n") == 0
+
+
 async def test_an_ack_past_the_last_batch_removes_only_what_was_sent(server: Running) -> None:
     async with raw_client(server.http_api_port) as sub, raw_client(server.http_api_port) as pub:
         await sub.subscriber("/chat/b")
