@@ -134,6 +134,27 @@ async def test_subscribers_get_messages_in_connect_replies_deliveries_first(rig:
         assert "clientId" not in body[0], "deliveries never carry the publisher's clientId"
 
 
+async def test_a_nak_extension_gives_a_message_back_for_its_delay_and_the_rest_flows(rig: Rig) -> None:
+    """The page-side extension docs/bayeux.md shows, used from the message listener: the nak rides on the
+    connect that acknowledges its batch, the rest of the batch is acknowledged, and the message comes
+    again once its delay is over."""
+    async with Cometd.start(rig.url, subscribe=["/retry/a"], nak={"data": "first", "delay": 1.0}) as sub:
+        await sub.subscribed("/retry/a")
+        await publish_direct(rig, "/retry/a", ["first", "second"])
+        got = await sub.wait_count(is_message, 2)
+        carrying = await sub.wait_for(lambda e: e["ev"] == "out" and "nak" in e["message"].get("ext", {}))
+        assert carrying["message"]["ext"]["nak"] == [{"id": got[0]["id"], "delay": 1.0}]
+        assert isinstance(carrying["message"]["ext"]["ack"], int), "the ack extension still acknowledges"
+        taken = await sub.wait_for(lambda e: e["ev"] == "connect" and "nak" in e["message"].get("ext", {}))
+        assert taken["message"]["ext"]["nak"] == 1
+        await publish_direct(rig, "/retry/a", ["third"])
+        again = await sub.wait_count(is_message, 4)
+        assert again[-1]["data"] == "first" and seq_of(again[-1]) == seq_of(got[0])
+        assert again[-1]["_t"] - carrying["_t"] >= 1.0 - 0.05, "not back before its delay"
+        assert sub.received("/retry/a") == ["first", "second", "third", "first"]
+        await eventually(lambda: sum(v.pending_count for v in rig.server.core.engine.views()) == 0)
+
+
 async def test_a_publisher_that_subscribes_gets_its_own_messages(rig: Rig) -> None:
     async with Cometd.start(rig.url, subscribe=["/chat/own"]) as client:
         await client.subscribed("/chat/own")

@@ -1,9 +1,11 @@
 // Drives the real CometD JavaScript client (cometd 9 under Node, cometd-nodejs-client) for pytest.
 // Usage: node cometd_driver.mjs <url> <options JSON>
-//   options: {ack: bool, websocket: bool, backoff: ms, maxNetworkDelay: ms, subscribe: [channels]}
+//   options: {ack: bool, websocket: bool, backoff: ms, maxNetworkDelay: ms, subscribe: [channels],
+//             nak: {data, delay}: the message listener gives back, once, each message whose data is `data`}
 // Reads commands from stdin, one JSON object per line:
 //   {"op": "publish", "channel": "/a", "data": ...}   {"op": "subscribe", "channel": "/a"}
 //   {"op": "unsubscribe", "channel": "/a"}             {"op": "disconnect"}
+//   {"op": "nak", "id": "<delivery id>", "delay": s}   give a message back with the next connect (our ext.nak)
 // Writes events to stdout, one JSON object per line:
 //   {"ev": "out", "message": {...}}      every message the client sends (after its extensions)
 //   {"ev": "in", "message": {...}}       every message it receives (before its extensions)
@@ -30,6 +32,18 @@ cometd.registerExtension("wire", {
   outgoing: (message) => { emit({ ev: "out", message }); return message; },
   incoming: (message) => { emit({ ev: "in", message }); return message; },
 });
+// Our negative-ack extension, as docs/bayeux.md shows it: naks ride on the next /meta/connect. Registered
+// before the ack extension, so it runs after it on the way out and adds to the ext that one wrote.
+const naks = [];
+cometd.registerExtension("nak", {
+  outgoing: (message) => {
+    if (message.channel === "/meta/connect" && naks.length) {
+      message.ext = message.ext || {};
+      message.ext.nak = naks.splice(0);
+    }
+    return message;
+  },
+});
 cometd.registerExtension("ack", new AckExtension());
 cometd.ackEnabled = options.ack !== false; // false: the extension asks the server for no acks
 cometd.configure({
@@ -41,7 +55,15 @@ cometd.configure({
 
 const channels = new Set(options.subscribe || []);
 const handles = new Map(); // channel -> the client's subscription handle, for unsubscribe
-const onMessage = (m) => emit({ ev: "message", channel: m.channel, data: m.data, id: m.id });
+const nakedOnce = new Set();
+const onMessage = (m) => {
+  emit({ ev: "message", channel: m.channel, data: m.data, id: m.id });
+  // In the listener, as a page's handler would: the nak rides on the connect that acknowledges m's batch.
+  if (options.nak && m.data === options.nak.data && !nakedOnce.has(m.id)) {
+    nakedOnce.add(m.id);
+    naks.push({ id: m.id, delay: options.nak.delay });
+  }
+};
 const subscribe = (channel) =>
   handles.set(channel, cometd.subscribe(channel, onMessage, (reply) => emit({ ev: "subscribed", message: reply })));
 
@@ -64,6 +86,7 @@ const commands = {
     handles.delete(channel);
   },
   disconnect: () => cometd.disconnect((reply) => emit({ ev: "disconnected", message: reply })),
+  nak: ({ id, delay }) => naks.push({ id, delay }),
 };
 
 readline.createInterface({ input: process.stdin }).on("line", (line) => {

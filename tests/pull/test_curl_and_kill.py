@@ -65,6 +65,27 @@ async def test_curl_publishes_pulls_and_acknowledges(server: Running) -> None:
 
 
 @curl
+async def test_curl_nacks_with_a_delay_and_gets_the_message_back_after_it(server: Running) -> None:
+    base = f"http://127.0.0.1:{server.http_api_port}"
+    await run_curl("-X", "POST", "--data-binary", "retry me", f"{base}/channels/later/messages")
+    _, _, links, _ = await run_curl("-X", "POST", "-d", "start=first", f"{base}/channels/later/pull-consumers")
+    status, _, links, body = await run_curl("-X", "POST", rel(links, "next")[0])
+    assert status == 200 and body == b"retry me"
+    ack_url, tag = rel(links, "acknowledgement")
+    status, _, links, _ = await run_curl(
+        "-X", "POST", "-H", f'If-Match: "{tag}"', "-d", "acknowledge=false&delay=0.7", ack_url
+    )
+    assert status == 204
+    started = trio.current_time()
+    status, headers, links, body = await run_curl("-X", "POST", "-H", "Accept-Wait: 3", rel(links, "next")[0])
+    assert status == 200 and body == b"retry me" and headers["msg-delivery-count"] == "2"
+    assert trio.current_time() - started >= 0.7 - 0.05, "not back before its delay"
+    ack_url, tag = rel(links, "acknowledgement")
+    status, _, _, _ = await run_curl("-X", "POST", "-H", f'If-Match: "{tag}"', ack_url)
+    assert status == 204
+
+
+@curl
 async def test_curl_sees_412_for_a_late_ack(server: Running) -> None:
     base = f"http://127.0.0.1:{server.http_api_port}"
     consumers = []
