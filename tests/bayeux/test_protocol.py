@@ -251,3 +251,28 @@ def test_integers_beyond_64_bits_are_kept_exactly() -> None:
     (message,) = bx.parse_body(b'[{"channel": "/n", "data": %d}]' % big)
     assert message["data"] == big and isinstance(message["data"], int)
     assert bx.encode_data(message["data"]) == str(big).encode()
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | any_text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(any_text, inner, max_size=3),
+    max_leaves=10,
+)
+
+
+nak_items = st.one_of(json_values, st.fixed_dictionaries({"id": any_text, "delay": json_values}))
+
+
+@given(st.one_of(json_values, st.lists(nak_items)))
+def test_any_ext_nak_is_naks_or_nothing_taken(given_back: Any) -> None:
+    naks = bx.naks_of({"channel": "/meta/connect", "ext": {"nak": given_back}})
+    assert (naks is None) == (given_back is None)  # null is no ext.nak at all
+    for sub_id, seq, delay in naks or []:
+        assert sub_id >= 0 and seq >= 0 and 0 <= delay <= bx.MAX_NAK_DELAY_S
+
+
+def test_ext_nak_takes_ids_and_objects_and_leaves_out_the_rest() -> None:
+    given = ["3x7", {"id": "3x8", "delay": 2.5}, {"id": "3x9", "delay": -1}, {"id": "3x9", "delay": True}, "x", 5]
+    assert bx.naks_of({"ext": {"nak": given}}) == [(3, 7, 0.0), (3, 8, 2.5)]
+    assert bx.naks_of({"ext": {"ack": 1}}) is None and bx.naks_of({}) is None
+    assert bx.naks_of({"ext": {"nak": "3x7"}}) == [], "not a list: nothing taken, and the reply says 0"

@@ -1,4 +1,5 @@
-"""A subscription's pending set: removing a burst of acks at once is removing each in turn."""
+"""A subscription's pending set: removing a burst of acks at once is removing each in turn (nak'd
+entries included), and nak'd entries come back in the order of their ends, none before it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ _HISTORY = st.lists(
         st.one_of(
             st.tuples(st.just("sent"), st.integers(1, 3), st.sampled_from([1.0, 1.0, 1.0, 2.5])),
             st.tuples(st.just("due"), st.integers(1, 3), st.just(0.0)),
+            st.tuples(st.just("nak"), st.integers(1, 3), st.sampled_from([0.0, 0.5, 3.0])),
         ),
     ),
     max_size=30,
@@ -28,6 +30,8 @@ def _build(history: list[tuple[int, tuple[str, int, float]]]) -> PendingSet:
         now += 0.25
         if kind == "sent":
             pending.sent(seq, attempt, delay, now + delay)
+        elif kind == "nak":  # given back (when pending) for `delay`
+            pending.nak(seq, now + delay, int((now + delay) * 1e9))
         else:
             pending.add_due(seq, attempt, Reason.MEMBER_LEFT)
     return pending
@@ -79,3 +83,24 @@ def test_adding_many_due_is_adding_each_in_sequence_order(
         at_once.add_due_many(attempts, Reason.RESTART)
         assert _state(at_once) == _state(one_by_one)
         assert list(at_once.due()) == list(one_by_one.due()), "due in the same order"
+
+
+@given(_HISTORY, st.lists(st.sampled_from([0.1, 0.3, 1.0, 2.0]), max_size=12))
+def test_nakd_entries_come_back_in_the_order_of_their_ends_and_none_early(
+    history: list[tuple[int, tuple[str, int, float]]], steps: list[float]
+) -> None:
+    pending = _build(history)
+    ends = {seq: until for seq in pending if (until := pending.naked_until(seq)) is not None}
+    size, now = len(pending), 7.5  # _build's clock ends at 0.25 per step, at most 7.5
+    assert pending.in_flight == size - pending.due_count - len(ends)
+    deadline = pending.next_deadline()
+    assert deadline is None or not ends or deadline <= min(end for end, _ in ends.values())
+    for step in steps:
+        now += step
+        released = pending.release_naks(now)
+        assert all(ends[seq][0] <= now for seq in released), "back before its end"
+        assert [ends[seq][0] for seq in released] == sorted(ends[seq][0] for seq in released)
+        for seq in released:
+            del ends[seq]
+        assert all(end > now for end, _ in ends.values()), "an ended nak was not released"
+        assert len(pending) == size, "a nak'd message stays pending throughout"

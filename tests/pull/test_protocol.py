@@ -119,3 +119,14 @@ def test_any_form_is_options_or_a_bad_parameter_naming_its_field(form: dict[str,
         return
     assert 1 <= options.max_inflight <= pp.MAX_INFLIGHT_CAP and options.ack_wait_s >= 1
     assert ":" not in options.durable and ":" not in options.group
+
+
+@given(st.one_of(st.none(), st.text(max_size=12), st.floats().map(str)), st.booleans())
+def test_any_delay_is_seconds_or_a_bad_parameter(value: str | None, acknowledge: bool) -> None:
+    try:
+        delay = pp.parse_delay(value, acknowledge)
+    except pp.BadParameter as exc:
+        assert exc.name == "delay"
+        return
+    assert 0 <= delay <= pp.MAX_NACK_DELAY_S
+    assert not acknowledge or delay == 0
