@@ -95,7 +95,7 @@ def test_a_lone_surrogate_is_stored_as_its_escape_and_delivered_as_json() -> Non
     assert json.loads(answer) == [{"channel": "/\udc00", "successful": False, "error": bx.CHANNEL_INVALID}]
 
 
-json_values = st.recursive(
+json_values: st.SearchStrategy[Any] = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=10),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3),
     max_leaves=10,
@@ -253,17 +253,17 @@ def test_integers_beyond_64_bits_are_kept_exactly() -> None:
     assert bx.encode_data(message["data"]) == str(big).encode()
 
 
-json_values = st.recursive(
+any_json: st.SearchStrategy[Any] = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | any_text,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(any_text, inner, max_size=3),
     max_leaves=10,
 )
 
 
-nak_items = st.one_of(json_values, st.fixed_dictionaries({"id": any_text, "delay": json_values}))
+nak_items = st.one_of(any_json, st.fixed_dictionaries({"id": any_text, "delay": any_json}))
 
 
-@given(st.one_of(json_values, st.lists(nak_items)))
+@given(st.one_of(any_json, st.lists(nak_items)))
 def test_any_ext_nak_is_naks_or_nothing_taken(given_back: Any) -> None:
     naks = bx.naks_of({"channel": "/meta/connect", "ext": {"nak": given_back}})
     assert (naks is None) == (given_back is None)  # null is no ext.nak at all
