@@ -48,12 +48,12 @@ class PendingSet:
         return self._size
 
     def __contains__(self, seq: int) -> bool:
-        if seq in self._due or seq in self._naked:
+        if seq in self._due:
             return True
-        for lane in self._lanes.values():  # noqa: SIM110 - a plain loop, no generator, on the ack path
+        for lane in self._lanes.values():  # a plain loop, no generator: on the ack path
             if seq in lane:
                 return True
-        return False
+        return seq in self._naked
 
     def __iter__(self) -> Iterator[int]:
         yield from self._due
@@ -159,7 +159,7 @@ class PendingSet:
 
         `delivered at` is the clock time of its last delivery, or -1.0 if it was waiting in the due queue.
         """
-        if self._due.pop(seq, None) is not None or (self._naked and self._naked.pop(seq, None) is not None):
+        if self._due.pop(seq, None) is not None:
             delivered = -1.0
         else:
             for delay, lane in self._lanes.items():
@@ -168,7 +168,9 @@ class PendingSet:
                     delivered = deadline - delay
                     break
             else:
-                return None
+                if not self._naked or self._naked.pop(seq, None) is None:
+                    return None
+                delivered = -1.0
         self._size -= 1
         return self._attempts.pop(seq, 1), delivered
 
@@ -273,6 +275,6 @@ class PendingSet:
 
     def _drop_from_lanes(self, seq: int) -> bool:
         """Take `seq` out of its lane, or out of the nak set; whether it was in either."""
-        if self._naked and self._naked.pop(seq, None) is not None:
+        if any(lane.pop(seq, None) is not None for lane in self._lanes.values()):
             return True
-        return any(lane.pop(seq, None) is not None for lane in self._lanes.values())
+        return bool(self._naked) and self._naked.pop(seq, None) is not None
