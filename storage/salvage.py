@@ -305,8 +305,16 @@ class Salvage:
                     self.last_sent[U64.unpack(k)[0]] = U64.unpack(v)[0]
                 for k, v in txn.cursor(db=dbs["pending"]).iternext():
                     sub_id, seq = PENDING_KEY.unpack(k)
-                    # A nak's wait (a longer value) is not kept: the message is due at once.
-                    self.pending.setdefault(sub_id, {})[seq] = U32.unpack_from(v)[0]
+                    if len(v) in (U32.size, NAKED_PENDING.size):
+                        # A nak's wait (the longer value) is not kept: the message is due at once.
+                        attempt = U32.unpack_from(v)[0]
+                    else:  # still unacknowledged: kept pending (sent again), its attempt count unknown
+                        attempt = 1
+                        self.problems.append(
+                            f"{self.state_data}: subscription {sub_id}: the pending entry of message {seq} is "
+                            f"damaged ({len(v)} bytes): kept pending, its attempt count lost"
+                        )
+                    self.pending.setdefault(sub_id, {})[seq] = attempt
                 for k, v in txn.cursor(db=dbs["clients"]).iternext():
                     self._client(bytes(k), bytes(v), strict=True)
             return

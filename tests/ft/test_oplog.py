@@ -69,6 +69,7 @@ SUB = SubscriptionRecord(
             (
                 SaveSubscription(SUB),
                 SetPending(7, 9, 2, fresh=True),
+                SetPending(7, 13, 3, not_before_ns=1_800_000_000_000_000_000),  # nak'd, with its wait
                 SetPendingRun(7, [10, 11, 12]),
                 ClearPendingRun(7, [10]),
                 SaveClient(ClientRecord("c1", "_INBOX.hb", b"\x00\xff", 1, 5, 3)),
@@ -102,7 +103,7 @@ ids = st.integers(1, 2**63 - 1)
 updates = st.one_of(
     st.builds(SetPendingRun, ids, st.lists(ids, max_size=50)),
     st.builds(ClearPendingRun, ids, st.lists(ids, max_size=50)),
-    st.builds(SetPending, ids, ids, st.integers(1, 1000), st.booleans()),
+    st.builds(SetPending, ids, ids, st.integers(1, 1000), st.booleans(), st.integers(0, 2**63 - 1)),
     st.builds(ClearPending, ids, ids),
     st.builds(SetLastSent, ids, st.integers(0, 2**63 - 1)),
     st.builds(DeleteSubscription, ids),

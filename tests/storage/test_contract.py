@@ -350,6 +350,18 @@ def test_subscription_state_round_trip(make_store: StoreMaker) -> None:
     assert [s.record.sub_id for s in store.recover().subscriptions] == [second]
 
 
+def test_a_nakd_entry_keeps_the_end_of_its_wait_until_written_again(make_store: StoreMaker) -> None:
+    store = make_store()
+    store.apply([SaveSubscription(sub_record(1)), SetPending(1, 2, 1), SetPending(1, 3, 2, not_before_ns=5 * 10**18)])
+    if make_store.recoverable:
+        store = make_store.reopen(store)
+    (sub,) = store.recover().subscriptions
+    assert (dict(sub.pending), dict(sub.naks)) == ({2: 1, 3: 2}, {3: 5 * 10**18})
+    store.apply([SetPending(1, 3, 3)])  # sent again: no wait any more
+    (sub,) = store.recover().subscriptions
+    assert (dict(sub.pending), dict(sub.naks)) == ({2: 1, 3: 3}, {})
+
+
 def test_last_sent_is_raised_to_the_highest_pending(make_store: StoreMaker) -> None:
     store = make_store()
     store.apply([SaveSubscription(sub_record(1, last_sent=2)), SetPending(1, 7, 1)])

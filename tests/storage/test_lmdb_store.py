@@ -309,3 +309,28 @@ def test_concurrent_creation_of_one_channel_makes_one_channel(tmp_path: Path) ->
             t.join()
         assert len(set(made)) == 1
         assert [c.name for c in store.channels()] == ["new"]
+
+
+def test_a_pending_entry_of_a_length_no_writer_makes_is_refused_as_damage(tmp_path: Path) -> None:
+    """A pending value is 4 bytes (the attempt count) or 12 (a nak's wait too): anything else is damage,
+    never read as some attempt count."""
+    from storage import SaveSubscription, SetPending, SubscriptionRecord
+    from storage.codec import PENDING_KEY
+
+    record = SubscriptionRecord(1, "c", "me", "_INBOX.a", "_INBOX.ack", ack_wait_ms=30_000, max_inflight=8)
+    with LmdbStore(tmp_path) as store:
+        store.ensure_channel("c")
+        store.apply([SaveSubscription(record), SetPending(1, 1, 2, not_before_ns=7)])
+    env = lmdb.open(str(tmp_path / "state"), max_dbs=8)
+    with env.begin(write=True) as txn:
+        txn.put(PENDING_KEY.pack(1, 2), b"\x00\x00\x01", db=env.open_db(b"pending", txn=txn))
+    env.close()
+    with LmdbStore(tmp_path) as store, pytest.raises(DamagedStoreError, match="pending entry 1/2: value of 3 bytes"):
+        store.recover()
+    from storage.repair import check, repair
+
+    assert any("pending entry of message 2 is damaged (3 bytes)" in p for p in check(tmp_path).problems)
+    repair(tmp_path)
+    with LmdbStore(tmp_path) as store:
+        (sub,) = store.recover().subscriptions
+        assert dict(sub.pending) == {1: 2, 2: 1}, "both still unacknowledged: sent again, nothing lost"
