@@ -129,7 +129,7 @@ class StanDoor:
                 b.subscribe(f"{self._found_prefix}.*", self._on_client_found)
             for subject in self._ack_subjects(r.ack_inbox for r in recovered):
                 b.subscribe(subject, self._on_ack, runs=self._on_acks)
-                b.subscribe(subject + NAK_SUFFIX, self._on_nak)
+                b.subscribe(subject + NAK_SUFFIX, self._on_nak, runs=self._on_naks)
             b.add_span_listener(self.core)
             log.info(
                 "STAN cluster %r ready: %d channels, %d clients, %d subscriptions recovered",
@@ -388,16 +388,22 @@ class StanDoor:
         return sub_id
 
     def _on_nak(self, subject: str, reply: str, payload: bytes, origin: Origin) -> None:
-        """A negative ack (our extension), on `<ack inbox>.nak`: the message comes back after its delay."""
+        self._on_naks(subject, reply, [payload], origin)
+
+    def _on_naks(self, subject: str, reply: str, payloads: list[bytes], origin: Origin) -> None:
+        """Negative acks (our extension) on `<ack inbox>.nak`, one or a run of them from one connection:
+        each message comes back after its delay. The sender is checked once, as for acks."""
         sub_id = self._acker(subject.removesuffix(NAK_SUFFIX), origin)
         if sub_id is None:
             return
-        try:
-            nak = pb.Nak.FromString(payload)
-        except Exception:
-            log.info("ignored an undecodable nak on %s", subject)
-            return
-        self.core.nak(sub_id, nak.sequence, nak.delayMs / 1000)
+        decode, nak = pb.Nak.FromString, self.core.nak
+        for payload in payloads:
+            try:
+                given = decode(payload)
+            except Exception:
+                log.info("ignored an undecodable nak on %s", subject)
+                continue
+            nak(sub_id, given.sequence, given.delayMs / 1000)
 
     # -- subscriptions ---------------------------------------------------------------------------
 
