@@ -2,7 +2,7 @@
 
 Rules: publish, subscribe (plain, durable, queue, durable queue; resuming a durable or re-joining a
 group when it exists), ack (valid, from any group member, stale, duplicate), ack-progress, nak with a
-delay (from any group member), advance time,
+delay (from any group member), advance time, a timer pass between deadlines,
 member leave (close/unsubscribe), client drop, heartbeat failure and recovery, restart (rebuild from
 the store). The model is a plain dataclass of what was published, acked, delivered and
 when; every delivery and every step is checked against it:
@@ -298,6 +298,18 @@ class EngineMachine(RuleBasedStateMachine):
     @rule(dt=st.sampled_from([0.1, 0.5, 0.999, 1.0, 1.5, 3.0, 7.0]))
     def advance_time(self, dt: float) -> None:
         self.h.advance(dt)
+
+    @precondition(lambda self: self._online())
+    @rule(data=st.data(), dt=st.sampled_from([0.05, 0.2, 0.35]))
+    def timer_pass_between_deadlines(self, data: st.DataObject, dt: float) -> None:
+        """Time passes without reaching any deadline, and the runtime runs a subscription's timer pass
+        anyway (a deadline that moved since it was armed): it must send nothing early (I5, I10)."""
+        deadlines = [d for s in self.h.engine.subscriptions() if (d := self.h.engine.next_deadline(s)) is not None]
+        if deadlines and min(deadlines) <= self.h.now + dt:
+            return
+        self.h.tick_to(self.h.now + dt)
+        self.h.engine.expire(data.draw(st.sampled_from(self._online())), self.h.now)
+        self.h.collect()
 
     @precondition(lambda self: self._online())
     @rule(data=st.data(), how=st.sampled_from(["close", "unsubscribe"]))
