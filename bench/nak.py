@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import statistics
 import sys
 import time
 from collections import Counter
@@ -38,7 +37,7 @@ from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
 from bench.load import jetstream_publish, publish_pipelined  # noqa: E402
-from bench.report import arguments, machine, print_report, progress  # noqa: E402
+from bench.report import arguments, machine, print_report, progress, spread_ms  # noqa: E402
 from streaming.client import StartPosition, connect  # noqa: E402
 
 PAYLOAD = b"x" * 128
@@ -74,12 +73,9 @@ class Tally:
         return len(self.lateness) >= self.count
 
     def figures(self) -> dict[str, float]:
-        ms = sorted(x * 1000 for x in self.lateness) or [float("nan")]
         return {
-            "lateness_p50_ms": round(statistics.median(ms), 2),
-            "lateness_p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 2),
-            "lateness_max_ms": round(ms[-1], 2),
-            "early": sum(1 for x in ms if x < 0),
+            **spread_ms("lateness", (x * 1000 for x in self.lateness)),
+            "early": sum(1 for x in self.lateness if x < 0),
             "back_once_fraction": round(sum(1 for n in self.arrivals.values() if n == 2) / self.count, 4),
         }
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -47,7 +46,7 @@ from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
 from bench.load import jetstream_publish, publish_pipelined, redis_xadd  # noqa: E402
-from bench.report import arguments, machine, print_report, progress  # noqa: E402
+from bench.report import arguments, machine, print_report, progress, spread_ms  # noqa: E402
 from streaming.client import StartPosition, connect  # noqa: E402
 
 PAYLOAD = b"x" * 128
@@ -82,11 +81,8 @@ class Tally:
         return len(self.lateness) >= self.count
 
     def figures(self) -> dict[str, float]:
-        ms = sorted(x * 1000 for x in self.lateness) or [float("nan")]
         return {
-            "lateness_p50_ms": round(statistics.median(ms), 2),
-            "lateness_p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 2),
-            "lateness_max_ms": round(ms[-1], 2),
+            **spread_ms("lateness", (x * 1000 for x in self.lateness)),
             "redelivered_once_fraction": round(sum(1 for n in self.again.values() if n == 1) / self.count, 4),
             "duplicates": sum(n - 1 for n in self.again.values()),
         }
@@ -191,14 +187,7 @@ def server_lateness(events: Path) -> dict[str, float]:
             first[e["seq"]] = e["ts"]
         elif e["attempt"] == 2 and e["seq"] in first:
             late.append((e["ts"] - first[e["seq"]]) / 1000 - ACK_WAIT * 1000)
-    late.sort()
-    if not late:
-        return {}
-    return {
-        "server_lateness_p50_ms": round(statistics.median(late), 2),
-        "server_lateness_p99_ms": round(late[min(len(late) - 1, int(len(late) * 0.99))], 2),
-        "server_lateness_max_ms": round(late[-1], 2),
-    }
+    return spread_ms("server_lateness", late) if late else {}
 
 
 def run(system: str, count: int, pin: bool = True) -> dict[str, float]:

@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 from collections.abc import Iterable
 from typing import Any
 
@@ -64,6 +65,16 @@ def bar_plot(path: str, title: str, ylabel: str, groups: dict[str, dict[str, flo
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def spread_ms(name: str, values_ms: Iterable[float]) -> dict[str, float]:
+    """`<name>_p50_ms`, `_p99_ms` and `_max_ms` of some milliseconds, to 0.01 ms (NaN when there are none)."""
+    ms = sorted(values_ms) or [float("nan")]
+    return {
+        f"{name}_p50_ms": round(statistics.median(ms), 2),
+        f"{name}_p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 2),
+        f"{name}_max_ms": round(ms[-1], 2),
+    }
 
 
 def machine() -> str:

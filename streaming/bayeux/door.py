@@ -244,8 +244,8 @@ class BayeuxDoor:
             live.hold.event.set()
             live.hold = None
         ext = message.get("ext")
-        naks = bx.naks_of(message)
-        given_back = self._give_back(session.give_back(naks)) if naks else 0  # before ext.ack acks their batch
+        naks = bx.naks_of(message)  # given back before `ext.ack` acknowledges their batch
+        taken = None if naks is None else self._give_back(session.give_back(naks))
         self._ack(session.acknowledge(ext.get("ack") if isinstance(ext, dict) else None))
         session.expires_at = math.inf
         if alone and session.connected and not bx.client_wants_now(message) and not session.has_to_send():
@@ -271,7 +271,6 @@ class BayeuxDoor:
             self._ack(entries)  # no acks will come: what is written is delivered, at most once
         self._delivered += len(entries)
         self._resent += resent
-        taken = None if naks is None else given_back
         return [*(e.message for e in entries), bx.connect_reply(message, batch, settings, taken)]
 
     def _ack(self, entries: list[bx.Entry]) -> None:

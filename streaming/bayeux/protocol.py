@@ -26,6 +26,7 @@ import attrs
 import orjson
 
 from streaming.bayeux import channels
+from streaming.core.outbound import MAX_NAK_DELAY_S
 
 SESSION_UNKNOWN: Final = "402::session_unknown"
 CHANNEL_MISSING: Final = "400::channel_missing"
@@ -268,7 +269,6 @@ def connect_reply(
     return out
 
 
-MAX_NAK_DELAY_S: Final = 30 * 24 * 3600.0  # the engine's longest (MAX_NAK_DELAY_S there)
 _NAK_ID = re.compile(r"([0-9]{1,18})x([0-9]{1,19})")
 
 

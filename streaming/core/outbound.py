@@ -23,9 +23,10 @@ from typing import NamedTuple, Protocol
 from storage import MAX_NAME_BYTES, ChannelInfo, ClientRecord
 from storage.codec import MAX_REPLY_BYTES
 from storage.records import StartPosition, SubOptions, SubscriptionRecord
-from streaming.core.engine import Delivery, SubscribeRequest, SubscriptionView
+from streaming.core.engine import MAX_NAK_DELAY_S, Delivery, SubscribeRequest, SubscriptionView
 
 __all__ = [
+    "MAX_NAK_DELAY_S",
     "MAX_NAME_BYTES",
     "MAX_REPLY_BYTES",
     "ChannelInfo",

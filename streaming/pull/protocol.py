@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import attrs
 
-from streaming.core.outbound import StartPosition
+from streaming.core.outbound import MAX_NAK_DELAY_S, StartPosition
 
 MAX_INFLIGHT_CAP: Final = 1024  # NATS Streaming's default MaxInflight
 
@@ -438,9 +438,6 @@ def new_id() -> str:
     return secrets.token_hex(8)
 
 
-MAX_NACK_DELAY_S = 30 * 24 * 3600.0  # what the engine allows a negative ack's delay (MAX_NAK_DELAY_S)
-
-
 def parse_delay(value: str | None, acknowledge: bool) -> float:
     """A nack's `delay`: seconds (a decimal number, 0 to 30 days) before the message is handed out
     again; absent is 0. Raises BadParameter, also for a delay on an ack."""
@@ -452,8 +449,8 @@ def parse_delay(value: str | None, acknowledge: bool) -> float:
         delay = float(value)
     except ValueError:
         raise BadParameter("delay", f"expected seconds, got {value!r}") from None
-    if not 0 <= delay <= MAX_NACK_DELAY_S:  # also NaN
-        raise BadParameter("delay", f"expected 0 to {MAX_NACK_DELAY_S:.0f} seconds, got {value!r}")
+    if not 0 <= delay <= MAX_NAK_DELAY_S:  # also NaN
+        raise BadParameter("delay", f"expected 0 to {MAX_NAK_DELAY_S:.0f} seconds, got {value!r}")
     return delay
 
 

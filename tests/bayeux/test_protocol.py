@@ -15,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from streaming.bayeux import channels
 from streaming.bayeux import protocol as bx
+from streaming.core.outbound import MAX_NAK_DELAY_S
 from streaming.stan.requests import valid_channel
 
 _ALPHABET = "abcXYZ019 !#$()*+-.@_{}~"
@@ -268,7 +269,7 @@ def test_any_ext_nak_is_naks_or_nothing_taken(given_back: Any) -> None:
     naks = bx.naks_of({"channel": "/meta/connect", "ext": {"nak": given_back}})
     assert (naks is None) == (given_back is None)  # null is no ext.nak at all
     for sub_id, seq, delay in naks or []:
-        assert sub_id >= 0 and seq >= 0 and 0 <= delay <= bx.MAX_NAK_DELAY_S
+        assert sub_id >= 0 and seq >= 0 and 0 <= delay <= MAX_NAK_DELAY_S
 
 
 def test_ext_nak_takes_ids_and_objects_and_leaves_out_the_rest() -> None:

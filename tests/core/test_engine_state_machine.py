@@ -210,17 +210,26 @@ class EngineMachine(RuleBasedStateMachine):
     def _pending_of(self, sub_id: int) -> list[int]:
         return sorted(self.h.engine.inspect.pending(sub_id))
 
-    @precondition(lambda self: self._online())
-    @rule(data=st.data())
-    def ack(self, data: st.DataObject) -> None:
+    def _draw_pending(self, data: st.DataObject) -> tuple[Owner, int, int] | None:
+        """(owner, seq, member) for an ack or a nak: a message pending on an online subscription, and
+        who answers for it (any online member of its queue group may, reference PR #654). None when
+        the subscription drawn holds nothing."""
         sub_id = data.draw(st.sampled_from(self._online()))
         pending = self._pending_of(sub_id)
         if not pending:
-            return
+            return None
         seq = data.draw(st.sampled_from(pending))
         owner = self._owner(sub_id)
-        # Any member of a queue group may ack for the group (reference PR #654).
-        acker = data.draw(st.sampled_from([m for m in self._members(owner) if self.h.engine.is_online(m)]))
+        member = data.draw(st.sampled_from([m for m in self._members(owner) if self.h.engine.is_online(m)]))
+        return owner, seq, member
+
+    @precondition(lambda self: self._online())
+    @rule(data=st.data())
+    def ack(self, data: st.DataObject) -> None:
+        drawn = self._draw_pending(data)
+        if drawn is None:
+            return
+        owner, seq, acker = drawn
         assert self.h.ack(acker, seq) == [True]
         self.model.acked.setdefault(owner, set()).add(seq)
         self.model.sent.pop((owner, seq), None)
@@ -275,13 +284,10 @@ class EngineMachine(RuleBasedStateMachine):
     @rule(data=st.data(), delay=st.sampled_from([0.0, 0.4, 0.7, 1.2, 2.5]))
     def nak(self, data: st.DataObject, delay: float) -> None:
         """A negative ack, from any member of the message's group: it comes back after `delay`."""
-        sub_id = data.draw(st.sampled_from(self._online()))
-        pending = self._pending_of(sub_id)
-        if not pending:
+        drawn = self._draw_pending(data)
+        if drawn is None:
             return
-        seq = data.draw(st.sampled_from(pending))
-        owner = self._owner(sub_id)
-        acker = data.draw(st.sampled_from([m for m in self._members(owner) if self.h.engine.is_online(m)]))
+        owner, seq, acker = drawn
         self.model.naked[(owner, seq)] = self.h.now + delay  # before: a delay of 0 sends it within the call
         assert self.h.nak(acker, seq, delay)
 

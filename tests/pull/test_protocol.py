@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streaming.core.outbound import StartPosition
+from streaming.core.outbound import MAX_NAK_DELAY_S, StartPosition
 from streaming.pull import protocol as pp
 
 SETTINGS = pp.PullSettings(ack_replay_window_s=60)
@@ -128,5 +128,5 @@ def test_any_delay_is_seconds_or_a_bad_parameter(value: str | None, acknowledge:
     except pp.BadParameter as exc:
         assert exc.name == "delay"
         return
-    assert 0 <= delay <= pp.MAX_NACK_DELAY_S
+    assert 0 <= delay <= MAX_NAK_DELAY_S
     assert not acknowledge or delay == 0

@@ -11,7 +11,7 @@ It imports no Trio, no LMDB and no metrics code (import-linter checks this); tim
 """
 
 from streaming.core.engine.effects import Effects
-from streaming.core.engine.engine import Engine
+from streaming.core.engine.engine import MAX_NAK_DELAY_S, Engine
 from streaming.core.engine.events import (
     Acked,
     AckedRun,
@@ -40,6 +40,7 @@ from streaming.core.engine.state import SubscribeRequest, SubscriptionView
 from streaming.core.errors import RequestError
 
 __all__ = [
+    "MAX_NAK_DELAY_S",
     "AckTimedOut",
     "Naked",
     "Acked",
