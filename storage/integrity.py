@@ -207,6 +207,9 @@ def beyond_channels(state: RecoveredState) -> tuple[RecoveredState, list[str]]:
     subs: list[RecoveredSubscription] = []
     for sub in state.subscriptions:
         record, end = sub.record, last.get(sub.record.channel)
+        if record.is_pattern:
+            subs.append(sub)  # a wildcard subscription's own record: its parts are on channels
+            continue
         if end is None:
             problems.append(
                 f"subscription {record.sub_id} of client {record.client_id!r} is on channel "

@@ -99,6 +99,8 @@ class SubOptions:
     dead_letter_channel: str = ""
     backoff_ms: tuple[int, ...] = ()
     max_inflight_redeliveries: bool = False
+    # A queue group that keeps each channel's order: one message of a channel out at a time.
+    ordered: bool = False
 
 
 @attrs.frozen(slots=True)
@@ -121,6 +123,18 @@ class SubscriptionRecord:
     is_durable: bool = False
     is_closed: bool = False
     options: SubOptions = SubOptions()
+    # A wildcard subscription (its `channel` a pattern such as `orders.*`) is stored as one record for
+    # the pattern and one per channel it follows, each with that channel's position and pending
+    # messages; `parent_id` is the pattern's record for the latter (0: not part of a wildcard).
+    parent_id: int = 0
+    # The pattern's record only: patterns of channels it does not follow (its user may not read them).
+    exclude: tuple[str, ...] = ()
+
+    @property
+    def is_pattern(self) -> bool:
+        """Whether this is a wildcard subscription's pattern record (no channel name has a `*` or `>`
+        token, so its `channel` names no channel)."""
+        return any(token in ("*", ">") for token in self.channel.split("."))
 
 
 @attrs.frozen(slots=True)

@@ -104,6 +104,9 @@ class ServerConfig:
     hb_timeout: Duration = Duration(10.0)
     hb_fail_count: int = 10
     dup_check_timeout: Duration = Duration(0.5)
+    # Subscriptions to a pattern (`orders.*`) over every matching channel: our extension, which
+    # nats-streaming-server refuses ("invalid subject"); false refuses them the same way.
+    wildcard_subscriptions: bool = True
     recovery_hold: Duration = Duration(5.0)  # how long a restart waits for clients to come back
     max_payload: Size = Size(1024 * 1024)
     max_pending: Size = Size(64 * 1024 * 1024)

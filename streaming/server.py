@@ -149,6 +149,7 @@ def stan_config(config: ServerConfig) -> StanConfig:
         hb_timeout_s=config.hb_timeout,
         hb_fail_count=config.hb_fail_count,
         dup_check_timeout_s=config.dup_check_timeout,
+        wildcard_subscriptions=config.wildcard_subscriptions,
         allow_ms_ack_wait=config.allow_ms_ack_wait,
     )
 

@@ -13,6 +13,7 @@ import trio
 
 from streaming.cli.flags import flag
 from streaming.units import parse_duration
+from streaming.wire.subjects import has_wildcard
 
 log = logging.getLogger("streaming")
 
@@ -234,9 +235,12 @@ async def _sub(args: argparse.Namespace, host: str, port: int) -> int:
     ):
         print(f"listening on {args.channel!r} as {args.client_id!r}", file=sys.stderr, flush=True)
         received = 0
+        # A wildcard subscription's messages come from several channels, each with its own sequences.
+        named = has_wildcard(args.channel)
         async for msg in sub:
+            where = f"{msg.subject} " if named else ""
             print(
-                f"[#{msg.seq}] redelivered={str(msg.redelivered).lower()} attempt={msg.attempt}: "
+                f"[{where}#{msg.seq}] redelivered={str(msg.redelivered).lower()} attempt={msg.attempt}: "
                 f"{msg.data.decode(errors='replace')}",
                 flush=True,
             )

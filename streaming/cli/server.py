@@ -131,6 +131,14 @@ def _server_parser() -> argparse.ArgumentParser:
     lim("-ma", "--max_age", type=dur, help="max message age (default 0 = unlimited)")
     lim("--max_inactivity", type=dur, help="delete channels idle this long (default 0 = never)")
 
+    lim(
+        "--wildcard_subscriptions",
+        type=flag(parse_bool),
+        metavar="BOOL",
+        help="take subscriptions to a pattern (orders.*, orders.>) over every matching channel, now and later "
+        "(default true; false refuses them as nats-streaming-server does)",
+    )
+
     hb = parser.add_argument_group("heartbeats").add_argument
     hb("-hbi", "--hb_interval", type=dur, help="interval between server heartbeats (default 30s)")
     hb("-hbt", "--hb_timeout", type=dur, help="wait for a heartbeat answer (default 10s)")

@@ -60,11 +60,11 @@ class Msg:
 
     def ack(self) -> None:
         """Acknowledge (never blocks)."""
-        self._sub._ack(self.seq)
+        self._sub._ack(self.subject, self.seq)
 
     def in_progress(self) -> None:
         """Ask for another AckWait without acknowledging (this server's extension; others ignore it)."""
-        self._sub._send_ack(self.seq, in_progress=True)
+        self._sub._send_ack(self.subject, self.seq, in_progress=True)
 
     def nak(self, delay: float = 0.0) -> None:
         """Give the message back unacknowledged: the server sends it again once `delay` seconds have
@@ -112,9 +112,12 @@ class Subscription:
         self.ack_inbox = ""
         self.suppressed = 0  # redelivered copies not handed to the application
         self._queue: deque[Msg] = deque()
-        self._queued: set[int] = set()
+        # Messages waiting here, by (channel, seq): a wildcard subscription's channels each have their
+        # own sequences, and so their own ack floors.
+        self._queued: set[tuple[str, int]] = set()
         self._ready = anyio.Event()
         self._floor = AckFloor()
+        self._floors: dict[str, AckFloor] = {channel: self._floor}
         self._recent = RecentAcks()
         self.sid = ""  # its NATS subscription
         self._last: Msg | None = None
@@ -127,33 +130,39 @@ class Subscription:
         except Exception:
             log.warning("undecodable message on %s", raw.subject)
             return
-        seq = proto.sequence
+        seq, key = proto.sequence, (proto.subject, proto.sequence)
         if proto.redelivered and self.suppress_copies:
-            if self._is_acked(seq):
+            if self._is_acked(proto.subject, seq):
                 self.suppressed += 1
-                self._send_ack(seq)  # our earlier ack was lost: say it again
+                self._send_ack(proto.subject, seq)  # our earlier ack was lost: say it again
                 return
-            if seq in self._queued:
+            if key in self._queued:
                 self.suppressed += 1  # a copy of one still waiting here: the application will get it once
                 return
         if not self.queue:
-            self._floor.delivered(seq)
+            self._floor_of(proto.subject).delivered(seq)
         self._queue.append(Msg(self, proto))
-        self._queued.add(seq)
+        self._queued.add(key)
         if len(self._queue) == 1:  # a reader waits only on an empty queue
             self._ready.set()
 
-    def _is_acked(self, seq: int) -> bool:
+    def _floor_of(self, channel: str) -> AckFloor:
+        floor = self._floors.get(channel)
+        if floor is None:  # a wildcard subscription's channel seen for the first time
+            floor = self._floors[channel] = AckFloor()
+        return floor
+
+    def _is_acked(self, channel: str, seq: int) -> bool:
         if self.queue:
             return self._recent.is_acked(seq, time.monotonic())
-        return self._floor.is_acked(seq)
+        return self._floor_of(channel).is_acked(seq)
 
-    def _ack(self, seq: int) -> None:
+    def _ack(self, channel: str, seq: int) -> None:
         if self.queue:
             self._recent.acked(seq, time.monotonic())
         else:
-            self._floor.acked(seq)
-        self._send_ack(seq)
+            self._floor_of(channel).acked(seq)
+        self._send_ack(channel, seq)
 
     def _nak(self, msg: Msg, delay: float) -> None:
         suffix = self.client.nak_suffix
@@ -162,12 +171,13 @@ class Subscription:
         if self._last is msg:
             self._last = None  # given back: the next `next_msg` must not acknowledge it
         if self.ack_inbox and not self.client.nats.closed:
-            nak = pb.Nak(subject=self.channel, sequence=msg.seq, delayMs=round(delay * 1000))
+            nak = pb.Nak(subject=msg.subject, sequence=msg.seq, delayMs=round(delay * 1000))
             self.client.nats.publish(self.ack_inbox + suffix, nak.SerializeToString())
 
-    def _send_ack(self, seq: int, *, in_progress: bool = False) -> None:
+    def _send_ack(self, channel: str, seq: int, *, in_progress: bool = False) -> None:
+        """An ack names the message's channel: for a wildcard subscription, which of its channels."""
         if self.ack_inbox and not self.client.nats.closed:
-            ack = pb.Ack(subject=self.channel, sequence=seq, inProgress=in_progress)
+            ack = pb.Ack(subject=channel, sequence=seq, inProgress=in_progress)
             self.client.nats.publish(self.ack_inbox, ack.SerializeToString())
 
     async def next_msg(self) -> Msg:
@@ -182,7 +192,7 @@ class Subscription:
             await self._ready.wait()
             self._ready = anyio.Event()
         msg = self._queue.popleft()
-        self._queued.discard(msg.seq)
+        self._queued.discard((msg.subject, msg.seq))
         self._last = msg
         return msg
 
@@ -194,12 +204,13 @@ class Subscription:
         waiting here and the one last handed to the application. Called more often than AckWait by an
         application whose handler is slow, it keeps held messages from being redelivered (a server
         without this extension ignores it). Returns how many were touched."""
-        seqs = [msg.seq for msg in self._queue]
-        if self._last is not None and not self._is_acked(self._last.seq) and self._last.seq not in self._queued:
-            seqs.append(self._last.seq)
-        for seq in seqs:
-            self._send_ack(seq, in_progress=True)
-        return len(seqs)
+        held = [(msg.subject, msg.seq) for msg in self._queue]
+        last = self._last
+        if last is not None and (key := (last.subject, last.seq)) not in self._queued and not self._is_acked(*key):
+            held.append(key)
+        for channel, seq in held:
+            self._send_ack(channel, seq, in_progress=True)
+        return len(held)
 
     def __aiter__(self) -> Self:
         return self

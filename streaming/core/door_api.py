@@ -56,6 +56,8 @@ class Permissions(Protocol):
 
     def may_subscribe(self, subject: str) -> bool: ...
 
+    def denied_within(self, subject: str) -> tuple[str, ...]: ...
+
 
 @attrs.frozen
 class RecoveredSubscription:
@@ -287,6 +289,15 @@ class DoorApi:
 
     def subscription(self, sub_id: int) -> SubscriptionRecord | None:
         return self._core.engine.subscription(sub_id)
+
+    def is_wildcard(self, sub_id: int) -> bool:
+        """Whether `sub_id` subscribes to a pattern: its acks must name the channel (`part_for`)."""
+        return self._core.engine.is_wildcard(sub_id)
+
+    def part_for(self, sub_id: int, channel: str) -> int | None:
+        """What acks of `channel`'s messages for `sub_id` go to: a wildcard subscription's part on that
+        channel (None: it follows no such channel), else `sub_id` itself."""
+        return self._core.engine.part_for(sub_id, channel)
 
     def online_subscription(self, channel: str, inbox: str) -> int | None:
         """The online subscription on `channel` delivering to `inbox` (rare requests: a scan)."""

@@ -67,6 +67,12 @@ class Compiled:
         tokens = subject.split(".")
         return any(overlap(p, tokens) for p in self.sub_deny)
 
+    def denied_within(self, subject: str) -> tuple[str, ...]:
+        """The denied patterns that part of what `subject` matches falls under (a wildcard
+        subscription must leave their channels out)."""
+        tokens = subject.split(".")
+        return tuple(".".join(p) for p in self.sub_deny if overlap(p, tokens))
+
     def may_receive(self, subject: str) -> bool:
         tokens = subject.split(".")
         return not any(matches(p, tokens) for p in self.sub_deny)

@@ -13,4 +13,5 @@ class StanConfig:
     hb_timeout_s: float = 10.0
     hb_fail_count: int = 10
     dup_check_timeout_s: float = 0.5
+    wildcard_subscriptions: bool = True  # subscriptions to a pattern (our extension)
     allow_ms_ack_wait: bool = False  # test-only: a negative ackWaitInSecs is milliseconds

@@ -36,6 +36,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 
+import attrs
 import trio
 
 from streaming.core import errors
@@ -56,6 +57,7 @@ from streaming.stan.requests import (
     parse_unsubscribe,
 )
 from streaming.wire.stan_pb import protocol_pb2 as pb
+from streaming.wire.subjects import has_wildcard
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,9 @@ class StanDoor:
     def __init__(self, config: StanConfig, broker: Bus, core: DoorApi, partition: Partition | None = None) -> None:
         self.config = config
         self.partition = partition
+        # Wildcard subscriptions follow every matching channel of this server's engine: partitioned,
+        # the channels are spread over servers, so a pattern is refused there as an invalid subject.
+        self._wildcards = config.wildcard_subscriptions and partition is None
         self.broker = broker
         self.core = core
         self.outbound = StanOutbound(broker)
@@ -358,6 +363,9 @@ class StanDoor:
             return
         decode = pb.Ack.FromString
         core = self.core
+        if core.is_wildcard(sub_id):
+            self._wildcard_acks(sub_id, subject, payloads)
+            return
         seqs: list[int] = []
         for payload in payloads:
             try:
@@ -374,6 +382,32 @@ class StanDoor:
                 seqs.append(ack.sequence)
         if seqs:
             core.ack_many(sub_id, seqs)
+
+    def _wildcard_acks(self, sub_id: int, subject: str, payloads: list[bytes]) -> None:
+        """`_on_acks` for a wildcard subscription: each ack names its message's channel (STAN's
+        `Ack.subject`), whose part of the subscription it settles; runs on one channel go together."""
+        core = self.core
+        part: int | None = None
+        seqs: list[int] = []
+        for payload in payloads:
+            try:
+                ack = pb.Ack.FromString(payload)
+            except Exception:
+                log.info("ignored an undecodable ack on %s", subject)
+                continue
+            target = core.part_for(sub_id, ack.subject)
+            if target is None:
+                continue  # a channel it does not follow (any more): nothing to settle
+            if target != part or ack.inProgress:
+                if seqs and part is not None:
+                    core.ack_many(part, seqs)
+                part, seqs = target, []
+            if ack.inProgress:
+                core.ack_progress(target, ack.sequence)
+            else:
+                seqs.append(ack.sequence)
+        if seqs and part is not None:
+            core.ack_many(part, seqs)
 
     def _acker(self, ack_inbox: str, origin: Origin) -> int | None:
         """The subscription whose ack inbox is `ack_inbox`, when `origin` is its client's connection
@@ -396,14 +430,16 @@ class StanDoor:
         sub_id = self._acker(subject.removesuffix(NAK_SUFFIX), origin)
         if sub_id is None:
             return
-        decode, nak = pb.Nak.FromString, self.core.nak
+        decode, nak, part_for = pb.Nak.FromString, self.core.nak, self.core.part_for
         for payload in payloads:
             try:
                 given = decode(payload)
             except Exception:
                 log.info("ignored an undecodable nak on %s", subject)
                 continue
-            nak(sub_id, given.sequence, given.delayMs / 1000)
+            target = part_for(sub_id, given.subject)  # a wildcard's part on the nak's channel
+            if target is not None:
+                nak(target, given.sequence, given.delayMs / 1000)
 
     # -- subscriptions ---------------------------------------------------------------------------
 
@@ -483,7 +519,9 @@ class StanDoor:
         core = self.core
         ack_inbox = f"{self.ack_prefix}.{nuid()}"
         try:
-            request = parse_subscribe(payload, ack_inbox, ms_mode=self.config.allow_ms_ack_wait)
+            request = parse_subscribe(
+                payload, ack_inbox, ms_mode=self.config.allow_ms_ack_wait, wildcards=self._wildcards
+            )
             client = self.clients.acting_for(request.client_id, origin.conn)
             if client is None:
                 raise RequestError(errors.UNKNOWN_CLIENT)
@@ -491,7 +529,11 @@ class StanDoor:
             if refusal is not None:
                 raise refusal
             self.clients.own(client, request.inbox)
-            await core.ensure_channel(request.channel)
+            if has_wildcard(request.channel):
+                if origin.permissions is not None:  # the channels of it the user may not read are left out
+                    request = attrs.evolve(request, exclude=origin.permissions.denied_within(request.channel))
+            else:
+                await core.ensure_channel(request.channel)
             if core.store_write_error() is not None and core.creates_durable(request):
                 # It could not be made durable: a crash would lose it, and with it its position.
                 raise RequestError(errors.store_error(StoreFullError("new durable subscription")))
@@ -514,7 +556,7 @@ class StanDoor:
             request = parse_unsubscribe(payload)
             if self.partition is not None and not self.partition.owns(request.subject):
                 return  # another server's channel: that server answers
-            if core.channel_info(request.subject) is None:
+            if not has_wildcard(request.subject) and core.channel_info(request.subject) is None:
                 raise RequestError(errors.UNKNOWN_CHANNEL)
             target = core.ack_target(request.inbox)
             # After a subscribe timeout stan.go closes by delivery inbox.

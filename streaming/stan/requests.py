@@ -16,6 +16,7 @@ from google.protobuf.message import DecodeError, Message
 from streaming.core import errors
 from streaming.core.outbound import MAX_NAME_BYTES, MAX_REPLY_BYTES, StartPosition, SubOptions, SubscribeRequest
 from streaming.wire.stan_pb import protocol_pb2 as pb
+from streaming.wire.subjects import has_wildcard
 
 _CLIENT_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 
@@ -87,8 +88,20 @@ def ack_wait_ms(ack_wait_in_secs: int, *, ms_mode: bool) -> int:
     raise InvalidRequest(errors.INVALID_ACK_WAIT)
 
 
-def parse_subscribe(payload: bytes, ack_inbox: str, *, ms_mode: bool = False) -> SubscribeRequest:
-    """A subscription request's own checks, in the reference server's order; the request for the engine."""
+def valid_pattern(name: str) -> bool:
+    """A wildcard subscription's subject: channel-name tokens and at least one `*` (one token) or a
+    final `>` (the rest)."""
+    tokens = name.split(".")
+    if not has_wildcard(name) or ">" in tokens[:-1]:
+        return False
+    return valid_channel(".".join("x" if token in ("*", ">") else token for token in tokens))
+
+
+def parse_subscribe(
+    payload: bytes, ack_inbox: str, *, ms_mode: bool = False, wildcards: bool = False
+) -> SubscribeRequest:
+    """A subscription request's own checks, in the reference server's order; the request for the
+    engine. `wildcards`: a pattern is taken as the subject (our extension), else refused as there."""
     request = parse(pb.SubscriptionRequest, payload, errors.INVALID_SUB)
     assert isinstance(request, pb.SubscriptionRequest)
     if not request.clientID:
@@ -100,7 +113,7 @@ def parse_subscribe(payload: bytes, ack_inbox: str, *, ms_mode: bool = False) ->
         raise InvalidRequest(errors.INVALID_START)
     if len(request.subject.encode()) > MAX_NAME_BYTES:
         raise InvalidRequest(errors.SUBJECT_TOO_LONG)
-    if not valid_channel(request.subject):
+    if not (valid_channel(request.subject) or (wildcards and valid_pattern(request.subject))):
         raise InvalidRequest(errors.INVALID_SUBJECT)
     if not request.inbox:
         raise InvalidRequest(errors.INVALID_SUB)

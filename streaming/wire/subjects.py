@@ -39,6 +39,11 @@ def valid_literal(subject: str) -> bool:
     return bool(subject) and _tokens_ok(subject.split("."), wildcards=False)
 
 
+def has_wildcard(subject: str) -> bool:
+    """Whether `subject` has a wildcard token (`*` or `>`): it names a family of subjects, not one."""
+    return any(token in ("*", ">") for token in subject.split("."))
+
+
 def matches(pattern: list[str], tokens: list[str]) -> bool:
     if len(tokens) < len(pattern) or (len(tokens) > len(pattern) and pattern[-1] != ">"):
         return False

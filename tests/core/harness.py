@@ -104,6 +104,7 @@ class Harness:
         self.recorder = Recorder()
         self.received: dict[int, list[Delivery]] = defaultdict(list)
         self.log: list[Delivery] = []
+        self._wild_seen: dict[int, int] = {}  # wildcard subscription -> how much of `log` it has taken
         self._inboxes = 0
         self._build(Engine(self.store))
 
@@ -181,6 +182,7 @@ class Harness:
         start_sequence: int = 0,
         start_time_delta_s: float = 0,
         options: SubOptions | None = None,
+        exclude: tuple[str, ...] = (),
     ) -> int:
         self._inboxes += 1
         request = SubscribeRequest(
@@ -196,6 +198,7 @@ class Harness:
             start_sequence=start_sequence,
             start_time_delta_ns=int(start_time_delta_s * S),
             options=options or SubOptions(),
+            exclude=exclude,
         )
         return self.pipeline.subscribe(request, lambda sub_id: None)
 
@@ -217,12 +220,34 @@ class Harness:
     def seqs(self, sub_id: int) -> list[int]:
         return [seq for seq, _, _ in self.take(sub_id)]
 
+    def take_wild(self, sub_id: int) -> list[tuple[str, int, int, Reason]]:
+        """(channel, seq, attempt, reason) of what the parts of wildcard subscription `sub_id` received
+        since the last take, in the order they were sent."""
+        wild = self.engine.wildcard(sub_id)
+        assert wild is not None, f"{sub_id} is not a wildcard subscription"
+        parts = {part.record.sub_id for part in wild.parts.values()}
+        start = self._wild_seen.get(sub_id, 0)
+        got = [(d.message.subject, d.message.seq, d.attempt, d.reason) for d in self.log[start:] if d.sub_id in parts]
+        self._wild_seen[sub_id] = len(self.log)
+        for part in parts:
+            self.received.pop(part, None)
+        return got
+
+    def wild_seqs(self, sub_id: int) -> list[tuple[str, int]]:
+        return [(channel, seq) for channel, seq, _, _ in self.take_wild(sub_id)]
+
+    def ack_on(self, sub_id: int, channel: str, *seqs: int) -> list[bool]:
+        """Acks for a wildcard subscription, naming the channel as a STAN Ack does."""
+        part = self.engine.part_for(sub_id, channel)
+        return [part is not None and self.pipeline.ack(part, seq) for seq in seqs]
+
     def restart(self, store: Store | None = None) -> None:
         """Rebuild the engine from the store (the store must hold everything flushed so far)."""
         self.collect()
         self.store = store if store is not None else self.store
         self._build(recover(self.store, wall_unix_ns=self.wall_ns))
         self.received.clear()
+        self._wild_seen = dict.fromkeys(self._wild_seen, len(self.log))
         self.pipeline.start()
 
     def events(self, kind: type[Any]) -> list[Any]:

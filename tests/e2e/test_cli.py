@@ -289,3 +289,17 @@ def test_allowed_origins_from_a_flag_and_from_the_file(tmp_path: Path) -> None:
     path.write_text('http_api_allow_origins = ["https://a.example/app"]\n')
     with pytest.raises(ConfigError, match=r"http_api_allow_origins.*path"):
         load(path, {})
+
+
+def test_sub_to_a_pattern_names_each_messages_channel(tmp_path: Path) -> None:
+    with server_process("--store", "memory") as server:
+        where = f"127.0.0.1:{server.port}"
+        for channel, text in (("orders.eu", "a"), ("orders.us", "b"), ("orders.eu", "c"), ("invoices.eu", "x")):
+            assert streaming("pub", "-s", where, channel, text).returncode == 0
+        done = streaming("sub", "-s", where, "orders.*", "--all", "--count", "3", "--manual_ack")
+        assert done.returncode == 0, done.stderr
+        assert sorted(done.stdout.splitlines()) == [
+            "[orders.eu #1] redelivered=false attempt=1: a",
+            "[orders.eu #2] redelivered=false attempt=1: c",
+            "[orders.us #1] redelivered=false attempt=1: b",
+        ]

@@ -441,3 +441,72 @@ async def test_a_nak_to_nats_streaming_server_raises_instead_of_sending(tmp_path
                 with pytest.raises(NakNotSupportedError):
                     msg.nak(delay=1)
                 msg.ack()
+
+
+@on_both_backends
+async def test_a_wildcard_subscription_over_the_wire(server: ServerThread) -> None:
+    """Our client on `orders.*`: each message names its channel, acks go back per channel, what is not
+    acked comes back on its own channel, and unsubscribing ends it on every channel."""
+    async with connect(CID, "me", port=server.port) as sc:
+        await sc.publish("orders.eu", b"eu1")
+        async with sc.subscribe(
+            "orders.*", manual_ack=True, ack_wait=1, start_at=StartPosition.FIRST, max_inflight=10
+        ) as sub:
+            await sc.publish("orders.us", b"us1")  # a channel made after the subscription
+            await sc.publish("orders.eu", b"eu2")
+            await sc.publish("orders.eu.archive", b"not one token below")
+            got = await take(sub, 3)
+            assert [(m.subject, m.seq, m.data) for m in got] == [
+                ("orders.eu", 1, b"eu1"),
+                ("orders.us", 1, b"us1"),
+                ("orders.eu", 2, b"eu2"),
+            ]
+            got[0].ack()
+            got[2].ack()
+            (again,) = await take(sub, 1, within=3.0)  # orders.us 1: the same seq as eu 1, acked
+            assert (again.subject, again.seq, again.redelivered) == ("orders.us", 1, True)
+            again.nak(delay=0.2)  # naks name the channel too
+            (back,) = await take(sub, 1, within=3.0)
+            assert (back.subject, back.seq, back.attempt) == ("orders.us", 1, 3)
+            back.ack()
+            await nothing_more(sub, 1.3)
+
+
+async def test_a_durable_wildcard_keeps_each_channels_place_across_a_sigkill(tmp_path: Path) -> None:
+    port = free_port()
+    server = ServerProcess(["-p", str(port), "--http_port=-1", "--dir", str(tmp_path / "data")]).start()
+    try:
+        async with connect(CID, "me", port=port, reconnect_wait_s=0.1) as sc:
+            async with sc.subscribe("jobs.>", durable="d", manual_ack=True, ack_wait=60) as sub:
+                await sc.publish("jobs.a", b"a1")
+                await sc.publish("jobs.b.x", b"bx1")
+                first = await take(sub, 2)
+                first[0].ack()  # jobs.b.x 1 stays pending
+                await sc.nats.flush()
+                await anyio.sleep(0.1)
+                await state_stored(server.http_port)
+                await anyio.to_thread.run_sync(server.kill)
+                await anyio.to_thread.run_sync(server.start)
+                await sc.publish("jobs.a", b"a2")  # once reconnected
+                await sc.publish("jobs.c", b"c1")  # a channel made after the restart
+                after = await take(sub, 3, within=10.0)
+                assert [(m.subject, m.seq, m.redelivered) for m in after[:1]] == [("jobs.b.x", 1, True)], (
+                    "what was pending comes before anything new"
+                )
+                assert sorted((m.subject, m.seq) for m in after[1:]) == [("jobs.a", 2), ("jobs.c", 1)]
+                for m in after:
+                    m.ack()
+                await nothing_more(sub)
+    finally:
+        server.stop()
+
+
+async def test_wildcard_subscriptions_can_be_turned_off(tmp_path: Path) -> None:
+    port = free_port()
+    server = ServerProcess(["-p", str(port), "--store", "memory", "--wildcard_subscriptions", "false"]).start()
+    try:
+        async with connect(CID, "me", port=port) as sc:
+            with pytest.raises(StanError, match="invalid subject"):
+                await sc.open_subscription("orders.*")
+    finally:
+        server.stop()

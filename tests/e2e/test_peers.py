@@ -110,3 +110,24 @@ def test_node_client_queue_group_shares_the_work(lmdb_server: ServerProcess) -> 
     assert isinstance(a, list) and isinstance(b, list)
     assert sorted(a + b) == list(range(1, 11))  # each message to exactly one member
     assert a and b  # both members got work
+
+
+@node
+def test_node_client_follows_a_wildcard_unmodified(lmdb_server: ServerProcess) -> None:
+    """node-nats-streaming sends the pattern as the subscription's subject and each ack with its
+    message's subject: a wildcard subscription works with it as it is."""
+    result = run_node("wildcard", lmdb_server.port, "node.wild")
+    first, second = result["first"], result["second"]
+    assert isinstance(first, list) and isinstance(second, list)
+    got = [(m["subject"], m["seq"], m["redelivered"], m["data"]) for m in first]
+    assert got == [
+        ("node.wild.a", 1, False, "a1"),
+        ("node.wild.b", 1, False, "b1"),
+        ("node.wild.a", 2, False, "a2"),
+        ("node.wild.b", 1, True, "b1"),  # acked by its channel only on the redelivery
+    ]
+    assert sorted((m["subject"], m["seq"], m["data"]) for m in second) == [
+        ("node.wild.a", 3, "a3"),
+        ("node.wild.c", 1, "c1"),
+    ]
+    assert result["total"] == 6, "nothing more: every ack reached its channel"

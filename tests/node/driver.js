@@ -101,6 +101,41 @@ const scenarios = {
     sub.unsubscribe();
     return { first, second };
   },
+  async wildcard(sc) {
+    // A durable subscription to `<channel>.*`, unmodified client: deliveries name their channel, acks
+    // name it back (the client copies the message's subject into its Ack); one message left unacked
+    // comes back on its channel after AckWait; closed and resumed, it gets what came meanwhile, on a
+    // channel made meanwhile too; `<channel>.x.deep` is not one token below, so never.
+    const seen = [];
+    const take = (sub, n, ackIf) => new Promise((resolve) => {
+      const got = [];
+      sub.on('message', (m) => {
+        const entry = { subject: m.getSubject(), seq: m.getSequence(), redelivered: m.isRedelivered(), data: m.getData().toString() };
+        got.push(entry);
+        seen.push(entry);
+        if (ackIf(entry)) m.ack();
+        if (got.length === n) resolve(got);
+      });
+    });
+    await publish(sc, `${channel}.a`, 'a1');
+    const opts = () => sc.subscriptionOptions().setManualAckMode(true).setAckWait(1000)
+      .setDurableName('wild').setDeliverAllAvailable();
+    let sub = sc.subscribe(`${channel}.*`, opts());
+    const first = take(sub, 4, (m) => m.data !== 'b1' || m.redelivered);
+    await ready(sub);
+    await publish(sc, `${channel}.b`, 'b1');
+    await publish(sc, `${channel}.a`, 'a2');
+    await publish(sc, `${channel}.x.deep`, 'never');
+    const one = await first;
+    await new Promise((r) => { sub.on('closed', r); sub.close(); });
+    await publish(sc, `${channel}.a`, 'a3');
+    await publish(sc, `${channel}.c`, 'c1');
+    sub = sc.subscribe(`${channel}.*`, opts());
+    const two = await take(sub, 2, () => true);
+    await new Promise((r) => setTimeout(r, 1500)); // past AckWait: nothing more may arrive
+    sub.unsubscribe();
+    return { first: one, second: two, total: seen.length };
+  },
   async failover(sc) {
     // Across the loss of the NATS node it is on: pytest kills that node after "kill now".
     const sub = sc.subscribe(channel, sc.subscriptionOptions().setManualAckMode(true).setDeliverAllAvailable());

@@ -258,6 +258,17 @@ async def test_a_users_permissions_hold_on_nats_subjects_and_stan_channels(tmp_p
                 await client.open_subscription("orders.secret.x")
             async with client.subscribe("orders.eu", start_at=StartPosition.FIRST) as sub:
                 assert (await sub.next_msg()).data == b"allowed"
+            # A wildcard subscription over channels partly denied: allowed, and it never follows them.
+            with pytest.raises(StanError, match=re.escape("may not subscribe to channel 'orders.secret.*'")):
+                await client.open_subscription("orders.secret.*")
+            await client.publish("orders.secret.x", b"hidden")
+            async with client.subscribe("orders.>", start_at=StartPosition.FIRST, manual_ack=True) as sub:
+                await client.publish("orders.secret.y", b"hidden too")
+                await client.publish("orders.us", b"seen")
+                followed = [await sub.next_msg() for _ in range(2)]
+                assert [(m.subject, m.data) for m in followed] == [("orders.eu", b"allowed"), ("orders.us", b"seen")]
+                with trio.move_on_after(0.3):
+                    raise AssertionError(f"a denied channel's message came: {await sub.next_msg()}")
         assert server.store.channel_info("billing") is None
 
 
@@ -270,6 +281,7 @@ def test_permission_subjects_are_checked_and_wildcards_compared_by_what_they_can
     assert not rules.may_subscribe("a.>"), "a.> can match a.b.c, which a.* does not allow"
     assert not rules.may_subscribe("a.x") and rules.filters("a.*") and not rules.filters("a.b")
     assert not rules.may_receive("a.x") and rules.may_receive("a.y")
+    assert rules.denied_within("a.*") == ("a.x",) and rules.denied_within("a.b") == ()
 
 
 async def test_a_users_permissions_hold_on_the_http_doors(tmp_path: Path) -> None:

@@ -69,8 +69,19 @@ from streaming.core.engine.events import (
 from streaming.core.engine.inspection import Inspection
 from streaming.core.engine.pending import PendingSet
 from streaming.core.engine.reader import MessageReader
-from streaming.core.engine.state import Client, Group, Sub, SubscribeRequest, SubscriptionView, group_key, ref
+from streaming.core.engine.state import (
+    Client,
+    Group,
+    Sub,
+    SubscribeRequest,
+    SubscriptionView,
+    Wildcard,
+    WildGroup,
+    group_key,
+    ref,
+)
 from streaming.core.errors import RequestError
+from streaming.wire.subjects import has_wildcard
 
 READ_BATCH = 256
 # The most messages one pump of a subscription (or a queue group) sends in one engine step; what is
@@ -100,6 +111,13 @@ class Engine(EffectsAccumulator):
         # Recovered naks still waiting out their delay: (subscription, seq, seconds left, end in Unix
         # ns), made to wait at `start`.
         self._recovered_naks: list[tuple[Sub, int, float, int]] = []
+        # Wildcard subscriptions (docs/engine.md, *Wildcard subscriptions*): by the pattern's sub id,
+        # the durable ones also by (client, pattern, durable name); and the channels already matched
+        # against them (a channel seen for the first time may need a part in each).
+        self._wild: dict[int, Wildcard] = {}
+        self._wild_durables: dict[tuple[str, str, str], Wildcard] = {}
+        self._wild_groups: dict[tuple[str, str], WildGroup] = {}  # (pattern, group key) -> its group
+        self._matched: set[str] = set()
         self._activity = ChannelActivity(store, self._active_subs)
 
     # -- outputs ---------------------------------------------------------------------------------
@@ -154,17 +172,33 @@ class Engine(EffectsAccumulator):
         sub_id = self._by_ack_inbox.get(ack_inbox)
         if sub_id is None:
             return None
-        return sub_id, self._subs[sub_id].record.client_id
+        sub = self._subs.get(sub_id)
+        return sub_id, (sub.record if sub is not None else self._wild[sub_id].record).client_id
+
+    def is_wildcard(self, sub_id: int) -> bool:
+        return sub_id in self._wild
+
+    def part_for(self, sub_id: int, channel: str) -> int | None:
+        """The subscription that holds `channel`'s messages for `sub_id`: for a wildcard subscription
+        its part on that channel (None: it follows no such channel), else `sub_id` itself."""
+        wild = self._wild.get(sub_id)
+        if wild is None:
+            return sub_id
+        part = wild.parts.get(channel)
+        return None if part is None else part.record.sub_id
 
     def has_subscription(self, sub_id: int) -> bool:
-        return sub_id in self._subs
+        return sub_id in self._subs or sub_id in self._wild
 
     def subscription(self, sub_id: int) -> SubscriptionRecord | None:
         sub = self._subs.get(sub_id)
-        return None if sub is None else attrs.evolve(sub.record, last_sent=self._position(sub))
+        if sub is None:
+            wild = self._wild.get(sub_id)
+            return None if wild is None else wild.record
+        return attrs.evolve(sub.record, last_sent=self._position(sub))
 
     def subscriptions(self) -> list[int]:
-        return list(self._subs)
+        return [*self._subs, *self._wild]
 
     def views(self) -> list[SubscriptionView]:
         """Every subscription as monitoring shows it (O(subscriptions); for scrapes, not hot paths)."""
@@ -188,7 +222,8 @@ class Engine(EffectsAccumulator):
         return list(self._clients)
 
     def is_online(self, sub_id: int) -> bool:
-        return self._subs[sub_id].online
+        sub = self._subs.get(sub_id)
+        return sub.online if sub is not None else self._wild[sub_id].online
 
     def _position(self, sub: Sub) -> int:
         return sub.group.last_sent if sub.group is not None else sub.last_sent
@@ -210,6 +245,8 @@ class Engine(EffectsAccumulator):
             sub = self._subs.get(sub_id)
             if sub is not None and sub.online:
                 self._leave(sub, now, keep_durable=True)
+            elif sub_id in self._wild:
+                self._leave_wildcard(self._wild[sub_id], now, keep_durable=True)
 
     def set_heartbeat_failed(self, client_id: str, failed: bool, now: float) -> None:
         client = self._clients.get(client_id)
@@ -221,6 +258,9 @@ class Engine(EffectsAccumulator):
                 sub = self._subs.get(sub_id)
                 if sub is not None and sub.online:
                     self._pump_sub(sub, now)
+                elif sub_id in self._wild:
+                    for part in list(self._wild[sub_id].parts.values()):
+                        self._pump_sub(part, now)
 
     def _hb_failed(self, sub: Sub) -> bool:
         client = self._clients.get(sub.record.client_id)
@@ -236,6 +276,8 @@ class Engine(EffectsAccumulator):
         client = self._clients.get(request.client_id)
         if client is None:
             raise RequestError(errors.UNKNOWN_CLIENT)
+        if has_wildcard(request.channel):
+            return self._subscribe_wildcard(request, client, now, wall_unix_ns)
         try:
             self.store.ensure_channel(request.channel)
         except ChannelError as exc:
@@ -273,6 +315,8 @@ class Engine(EffectsAccumulator):
         """Whether `subscribe(request)` would make a durable (or durable queue group) that does not exist."""
         if not request.durable_name:
             return False
+        if has_wildcard(request.channel):
+            return (request.client_id, request.channel, request.durable_name) not in self._wild_durables
         if request.queue_group:
             group = self._groups.get(request.channel, {}).get(group_key(request.durable_name, request.queue_group))
             return group is None
@@ -283,8 +327,9 @@ class Engine(EffectsAccumulator):
         if max_subs > 0 and len(self._by_channel.get(channel, ())) >= max_subs:
             raise RequestError(errors.TOO_MANY_SUBS)
 
-    def _new_sub(self, request: SubscribeRequest, last_sent: int, group: Group | None) -> Sub:
-        record = SubscriptionRecord(
+    def _record_for(self, request: SubscribeRequest, last_sent: int) -> SubscriptionRecord:
+        """A new subscription's record, with a new id."""
+        return SubscriptionRecord(
             sub_id=self.store.new_subscription_id(),
             channel=request.channel,
             client_id=request.client_id,
@@ -300,7 +345,25 @@ class Engine(EffectsAccumulator):
             last_sent=last_sent,
             is_durable=bool(request.durable_name),
             options=request.options,
+            exclude=request.exclude,
         )
+
+    @staticmethod
+    def _resumed(record: SubscriptionRecord, request: SubscribeRequest) -> SubscriptionRecord:
+        """A durable's record taken up again by `request`: its inboxes, AckWait, MaxInflight, options."""
+        return attrs.evolve(
+            record,
+            client_id=request.client_id,
+            inbox=request.inbox,
+            ack_inbox=request.ack_inbox,
+            ack_wait_ms=request.ack_wait_ms,
+            max_inflight=request.max_inflight,
+            options=request.options,
+            is_closed=False,
+        )
+
+    def _new_sub(self, request: SubscribeRequest, last_sent: int, group: Group | None) -> Sub:
+        record = self._record_for(request, last_sent)
         sub = Sub(record, group, online=True)
         if request.on_demand:
             sub.window = 0
@@ -324,16 +387,7 @@ class Engine(EffectsAccumulator):
 
     def _resume(self, sub: Sub, request: SubscribeRequest, now: float) -> None:
         self._by_ack_inbox.pop(sub.record.ack_inbox, None)
-        sub.record = attrs.evolve(
-            sub.record,
-            client_id=request.client_id,
-            inbox=request.inbox,
-            ack_inbox=request.ack_inbox,
-            ack_wait_ms=request.ack_wait_ms,
-            max_inflight=request.max_inflight,
-            options=request.options,
-            is_closed=False,
-        )
+        sub.record = self._resumed(sub.record, request)
         sub.ref = ref(sub.record)
         sub.window = 0 if request.on_demand else request.max_inflight
         sub.online = True
@@ -345,6 +399,8 @@ class Engine(EffectsAccumulator):
         key = group_key(request.durable_name, request.queue_group)
         groups = self._groups.setdefault(request.channel, {})
         group = groups.get(key)
+        if group is not None and group.ordered != request.options.ordered:
+            raise RequestError(errors.ORDERED_MISMATCH)
         if group is not None and group.shadow is not None:
             sub = group.shadow  # the first member back takes over the empty durable group's state
             group.shadow = None
@@ -353,23 +409,29 @@ class Engine(EffectsAccumulator):
             self._check_room(request.channel)
             if group is None:
                 group = groups[key] = Group(
-                    request.channel, key, bool(request.durable_name), self._start_after(request, wall_unix_ns)
+                    request.channel,
+                    key,
+                    bool(request.durable_name),
+                    self._start_after(request, wall_unix_ns),
+                    request.options.ordered,
                 )
             sub = self._new_sub(request, group.last_sent, group)
         group.members.append(sub)
         self._emit_if(MemberJoined(sub.ref))
         return sub
 
-    def _start_after(self, request: SubscribeRequest, wall_unix_ns: int) -> int:
-        """The sequence after which a brand-new subscription or group starts (its start position)."""
-        info = self.store.channel_info(request.channel)
+    def _start_after(self, request: SubscribeRequest, wall_unix_ns: int, channel: str = "") -> int:
+        """The sequence after which a brand-new subscription or group starts on `channel` (default: the
+        request's) at its start position."""
+        channel = channel or request.channel
+        info = self.store.channel_info(channel)
         assert info is not None
         position = request.start_position
         if position is StartPosition.LAST_RECEIVED:
             return info.last_seq - 1 if info.msgs else info.last_seq
         if position is StartPosition.TIME_DELTA_START:
             since = wall_unix_ns - request.start_time_delta_ns
-            return self.store.first_seq_at_or_after(request.channel, since) - 1
+            return self.store.first_seq_at_or_after(channel, since) - 1
         if position is StartPosition.SEQUENCE_START:
             wanted = request.start_sequence
             if wanted < info.first_seq:
@@ -379,19 +441,229 @@ class Engine(EffectsAccumulator):
             return info.first_seq - 1
         return info.last_seq
 
+    # -- wildcard subscriptions ------------------------------------------------------------------
+
+    def _subscribe_wildcard(self, request: SubscribeRequest, client: Client, now: float, wall_unix_ns: int) -> int:
+        """Create, resume or join a subscription to a pattern: a part on every channel it follows, each
+        at the request's start position on that channel (a resumed durable keeps each part's; a queue
+        member's parts join the channels' groups of its wildcard group)."""
+        if request.on_demand:
+            raise RequestError(errors.WILDCARD_ON_DEMAND)
+        if request.queue_group:
+            if request.durable_name and ":" in request.durable_name:
+                raise RequestError(errors.DURABLE_QUEUE_COLON)
+            wild = self._join_wild_group(request, now, wall_unix_ns)
+        else:
+            key = (request.client_id, request.channel, request.durable_name)
+            found = self._wild_durables.get(key) if request.durable_name else None
+            if found is not None and found.online:
+                raise RequestError(errors.DUPLICATE_DURABLE)
+            if found is None:
+                wild = self._new_wildcard(request, None, wall_unix_ns)
+                if request.durable_name:
+                    self._wild_durables[key] = wild
+            else:
+                wild = found
+                self._resume_wildcard(wild, request, now)
+        sub_id = wild.record.sub_id
+        client.subs.add(sub_id)
+        self._by_ack_inbox[request.ack_inbox] = sub_id
+        for part in list(wild.parts.values()):
+            self._pump_sub(part, now)
+        return sub_id
+
+    def _new_wildcard(self, request: SubscribeRequest, wild_group: WildGroup | None, wall_unix_ns: int) -> Wildcard:
+        record = self._record_for(request, 0)
+        wild = Wildcard(record, request.exclude, online=True, group=wild_group)
+        self._wild[record.sub_id] = wild
+        self._updates.append(SaveSubscription(record))
+        self._emit_if(SubscriptionCreated(ref(record), resumed=False))
+        for info in self.store.channels():
+            self._matched.add(info.name)
+            if not wild.follows(info.name):
+                continue
+            if wild_group is None:
+                self._add_part(wild, info.name, self._start_after(request, wall_unix_ns, info.name))
+            else:
+                start = self._start_after(request, wall_unix_ns, info.name)  # used if the group is new there
+                group = self._channel_group(wild_group, info.name, start)
+                self._add_part(wild, info.name, group.last_sent, group)
+        return wild
+
+    def _channel_group(self, wild_group: WildGroup, channel: str, start_after: int) -> Group:
+        """A wildcard queue group's `Group` on `channel`, made (new messages after `start_after`) if it
+        has none there yet."""
+        groups = self._groups.setdefault(channel, {})
+        key = wild_group.channel_key
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = Group(channel, key, wild_group.durable, start_after, wild_group.ordered)
+        return group
+
+    def _resume_wildcard(self, wild: Wildcard, request: SubscribeRequest, now: float) -> None:
+        """A durable wildcard subscription (or an empty durable wildcard group's shadow) taken up again."""
+        wild.online = True
+        wild.record = self._resumed(wild.record, request)
+        self._updates.append(SaveSubscription(wild.record))
+        self._emit_if(SubscriptionCreated(ref(wild.record), resumed=True))
+        for part in wild.parts.values():
+            self._resume(part, request, now)
+            if part.group is None:
+                self._plain.setdefault(part.record.channel, {})[part.record.sub_id] = part
+            else:
+                part.group.shadow = None
+                part.group.members.append(part)
+            self._updates.append(SaveSubscription(attrs.evolve(part.record, last_sent=self._position(part))))
+
+    def _join_wild_group(self, request: SubscribeRequest, now: float, wall_unix_ns: int) -> Wildcard:
+        key = group_key(request.durable_name, request.queue_group)
+        wild_group = self._wild_groups.get((request.channel, key))
+        if wild_group is not None and wild_group.ordered != request.options.ordered:
+            raise RequestError(errors.ORDERED_MISMATCH)
+        if wild_group is not None and wild_group.shadow is not None:
+            wild = wild_group.shadow  # the first member back takes over the empty durable group's state
+            wild_group.shadow = None
+            self._resume_wildcard(wild, request, now)
+        else:
+            if wild_group is None:
+                wild_group = self._wild_groups[(request.channel, key)] = WildGroup(
+                    request.channel, key, bool(request.durable_name), request.options.ordered
+                )
+            wild = self._new_wildcard(request, wild_group, wall_unix_ns)
+        wild_group.members.append(wild)
+        return wild
+
+    def _add_part(self, wild: Wildcard, channel: str, last_sent: int, group: Group | None = None) -> Sub:
+        """A wildcard subscription's part on `channel`, new messages after `last_sent` (in `group`, its
+        wildcard group's group on that channel, for a queue member)."""
+        record = attrs.evolve(
+            wild.record,
+            sub_id=self.store.new_subscription_id(),
+            channel=channel,
+            last_sent=last_sent,
+            parent_id=wild.record.sub_id,
+            exclude=(),
+        )
+        part = self._attach_part(wild, record, group)
+        self._updates.append(SaveSubscription(record))
+        return part
+
+    def _attach_part(self, wild: Wildcard, record: SubscriptionRecord, group: Group | None = None) -> Sub:
+        part = Sub(record, group, wild.online, wild)
+        wild.parts[record.channel] = part
+        self._add(part)
+        if group is not None:
+            if wild.online:
+                group.members.append(part)
+            else:
+                group.shadow = part  # an empty durable wildcard group keeps its state on each channel
+        elif wild.online:
+            self._plain.setdefault(record.channel, {})[record.sub_id] = part
+        return part
+
+    def _match_channel(self, channel: str, now: float) -> None:
+        """A channel seen for the first time since the wildcard subscriptions were made (or since a
+        restart): each that follows it and has no part there gets one, from its first message (the
+        channel appeared after the subscription, so all of it is new to it)."""
+        self._matched.add(channel)
+        info = self.store.channel_info(channel)
+        if info is None:
+            return
+        made: list[Sub] = []
+        for wild in list(self._wild.values()):
+            if channel in wild.parts or not wild.follows(channel):
+                continue
+            group = None
+            if wild.group is not None:
+                group = self._channel_group(wild.group, channel, info.first_seq - 1)
+            part = self._add_part(wild, channel, info.first_seq - 1 if group is None else group.last_sent, group)
+            if wild.online:
+                made.append(part)
+        for part in made:  # once all are made: a group's first message must have all its members to pick from
+            self._pump_sub(part, now)
+
+    def _leave_wildcard(self, wild: Wildcard, now: float, *, keep_durable: bool) -> None:
+        """Unsubscribe or close a wildcard subscription: every part with it (a closed durable keeps
+        each part's position and pending messages for its return)."""
+        record = wild.record
+        self._by_ack_inbox.pop(record.ack_inbox, None)
+        client = self._clients.get(record.client_id)
+        if client is not None:
+            client.subs.discard(record.sub_id)
+        wild.waiting.clear()
+        wild.stalled_groups.clear()
+        if wild.group is not None:
+            self._leave_wild_group(wild, wild.group, now, keep_durable=keep_durable)
+            return
+        keep = record.is_durable and keep_durable
+        for channel, part in list(wild.parts.items()):
+            self._activity.touched(channel, now)
+            self._timers.add(part.record.sub_id)
+            self._plain.get(channel, {}).pop(part.record.sub_id, None)
+            if keep:
+                if part.online:
+                    part.online = False
+                    part.record = attrs.evolve(part.record, is_closed=True)
+                    self._updates.append(SaveSubscription(attrs.evolve(part.record, last_sent=part.last_sent)))
+            else:
+                self._delete_part(part)
+        if keep:
+            wild.online = False
+            wild.record = attrs.evolve(record, is_closed=True)
+            self._updates.append(SaveSubscription(wild.record))
+            self._emit_if(SubscriptionClosed(ref(record)))
+            return
+        del self._wild[record.sub_id]
+        self._wild_durables.pop((record.client_id, record.channel, record.durable_name), None)
+        self._updates.append(DeleteSubscription(record.sub_id))
+        self._emit_if(SubscriptionRemoved(ref(record)))
+
+    def _leave_wild_group(self, wild: Wildcard, wild_group: WildGroup, now: float, *, keep_durable: bool) -> None:
+        """A member leaves a wildcard queue group: on each channel its part leaves that channel's group
+        (handing its messages to the others); the last member of a durable group, closed, stays as the
+        group's shadow with every part."""
+        record = wild.record
+        wild_group.members.remove(wild)
+        last = not wild_group.members
+        keep = last and wild_group.durable and keep_durable
+        for part in list(wild.parts.values()):
+            self._leave(part, now, keep_durable=keep)
+        if keep:
+            wild.online = False
+            wild.record = attrs.evolve(record, is_closed=True)
+            wild_group.shadow = wild
+            self._updates.append(SaveSubscription(wild.record))
+            self._emit_if(SubscriptionClosed(ref(record)))
+            return
+        wild.parts.clear()
+        del self._wild[record.sub_id]
+        if last:
+            del self._wild_groups[(wild_group.pattern, wild_group.key)]
+        self._updates.append(DeleteSubscription(record.sub_id))
+        self._emit_if(SubscriptionRemoved(ref(record)))
+
+    def _delete_part(self, part: Sub) -> None:
+        record = part.record
+        del self._subs[record.sub_id]
+        del self._by_channel[record.channel][record.sub_id]
+        self._updates.append(DeleteSubscription(record.sub_id))
+
     # -- leaving -------------------------------------------------------------------------------
 
     def unsubscribe(self, sub_id: int, now: float) -> None:
-        sub = self._subs.get(sub_id)
-        if sub is None:
-            raise RequestError(errors.INVALID_SUBSCRIPTION)
-        self._leave(sub, now, keep_durable=False)
+        self._end(sub_id, now, keep_durable=False)
 
     def close_subscription(self, sub_id: int, now: float) -> None:
+        self._end(sub_id, now, keep_durable=True)
+
+    def _end(self, sub_id: int, now: float, *, keep_durable: bool) -> None:
         sub = self._subs.get(sub_id)
-        if sub is None:
+        if sub is not None and sub.wild is None:
+            self._leave(sub, now, keep_durable=keep_durable)
+        elif sub_id in self._wild:
+            self._leave_wildcard(self._wild[sub_id], now, keep_durable=keep_durable)
+        else:
             raise RequestError(errors.INVALID_SUBSCRIPTION)
-        self._leave(sub, now, keep_durable=True)
 
     def _leave(self, sub: Sub, now: float, *, keep_durable: bool) -> None:
         record = sub.record
@@ -437,7 +709,7 @@ class Engine(EffectsAccumulator):
         record = sub.record
         del self._subs[record.sub_id]
         del self._by_channel[record.channel][record.sub_id]
-        if record.is_durable and record.queue_group == "":
+        if record.is_durable and record.queue_group == "" and sub.wild is None:
             self._durables.pop((record.client_id, record.channel, record.durable_name), None)
         self._updates.append(DeleteSubscription(record.sub_id))
         self._emit_if(SubscriptionRemoved(sub.ref))
@@ -626,6 +898,8 @@ class Engine(EffectsAccumulator):
     def on_appended(self, channel: str, now: float, messages: Sequence[Message] = ()) -> None:
         """New messages were committed to `channel` (pass them to spare the store a read)."""
         self._activity.touched(channel, now)
+        if self._wild and channel not in self._matched:
+            self._match_channel(channel, now)
         info = self.store.channel_info(channel)
         if info is not None:
             self._last_seq[channel] = info.last_seq
@@ -665,7 +939,13 @@ class Engine(EffectsAccumulator):
     # -- channel inactivity (MaxInactivity) ------------------------------------------------------
 
     def _active_subs(self, channel: str) -> bool:
-        return bool(self._plain.get(channel)) or any(g.members for g in self._groups.get(channel, {}).values())
+        # A wildcard's part keeps its channel only while it has messages pending there: a family of
+        # channels followed by a pattern is still cleaned up channel by channel.
+        plain = self._plain.get(channel, {})
+        if any(sub.wild is None or len(sub.pending) for sub in plain.values()):
+            return True
+        groups = self._groups.get(channel, {}).values()
+        return any(member.wild is None or len(member.pending) for g in groups for member in g.members)
 
     def inactive_channels(self, now: float) -> list[str]:
         """Channels idle for their MaxInactivity: no active subscription (offline durables and empty
@@ -682,6 +962,12 @@ class Engine(EffectsAccumulator):
         for sub in self._by_channel.pop(channel, {}).values():
             record = sub.record
             del self._subs[record.sub_id]
+            if sub.wild is not None:  # a wildcard's part: the wildcard goes on with its other channels
+                sub.wild.count -= len(sub.pending)  # what it held is gone with the channel
+                sub.wild.parts.pop(channel, None)
+                sub.wild.waiting.pop(record.sub_id, None)
+                self._timers.add(record.sub_id)
+                continue
             self._by_ack_inbox.pop(record.ack_inbox, None)
             self._durables.pop((record.client_id, record.channel, record.durable_name), None)
             client = self._clients.get(record.client_id)
@@ -692,6 +978,7 @@ class Engine(EffectsAccumulator):
         for table in (self._plain, self._groups, self._last_seq):
             table.pop(channel, None)
         self._activity.forget(channel)
+        self._matched.discard(channel)
         self._reader.release_appended(channel)
         self._reader.forget()
 
@@ -700,6 +987,9 @@ class Engine(EffectsAccumulator):
     def _pump_sub(self, sub: Sub, now: float) -> None:
         if sub.group is not None:
             self._pump_group(sub.group, now)
+            wild = sub.wild
+            if wild is not None and wild.stalled_groups:
+                self._serve_stalled_groups(wild, now)
             return
         self._pump_plain(sub, now, drain=not self._hb_failed(sub))
 
@@ -710,9 +1000,44 @@ class Engine(EffectsAccumulator):
         if sub.pending.due_count and drain:
             budget = self._drain_due(sub, now, budget)
         if not sub.pending.due_count and budget:
-            budget = self._send_new(sub, now, budget)
+            budget = self._send_new(sub, now, budget) if sub.wild is None else self._send_new_shared(sub, now, budget)
         if not budget:
             self._more[sub.record.sub_id] = now
+
+    def _serve_stalled_groups(self, wild: Wildcard, now: float) -> None:
+        """The channels of a wildcard queue group that stalled on this member's MaxInflight, pumped in
+        turn while it has room (each pump registers its group again if it stalls again)."""
+        stalled = wild.stalled_groups
+        while stalled and wild.count < wild.record.max_inflight:
+            group = next(iter(stalled))
+            del stalled[group]
+            if group.members:
+                self._pump_group(group, now)
+
+    def _send_new_shared(self, part: Sub, now: float, budget: int) -> int:
+        """`_send_new` for a wildcard's part: the parts with new messages take turns for the room its
+        MaxInflight leaves, this one after those already waiting, each a fair share of the room at a
+        time (one busy channel must not starve the others)."""
+        wild = part.wild
+        assert wild is not None
+        if part.last_sent < self._channel_last(part.record.channel):
+            wild.waiting[part.record.sub_id] = None  # in turn (a part already waiting keeps its place)
+        limit = wild.record.max_inflight
+        waiting = wild.waiting
+        while waiting and budget and wild.count < limit:
+            turn = next(iter(waiting))
+            del waiting[turn]
+            each = self._subs.get(turn)
+            if each is None or not each.online or each.wild is not wild or each.pending.due_count:
+                continue  # gone, or its redeliveries go first (its next pump puts it back in turn)
+            share = min(budget, max(1, (limit - wild.count) // (len(waiting) + 1)))
+            left = self._send_new(each, now, share)
+            budget -= share - left
+            if each.last_sent < self._channel_last(each.record.channel):
+                waiting[turn] = None
+                if left == share:
+                    break  # it could send nothing: no room after all
+        return budget
 
     def _drain_due(self, sub: Sub, now: float, budget: int) -> int:
         """Redeliver what is due, in order, at most `budget` messages (what is left of it is returned);
@@ -762,7 +1087,7 @@ class Engine(EffectsAccumulator):
             return budget
         start = sub.last_sent
         while budget and sub.last_sent < info.last_seq and not sub.stalled:
-            room = sub.window - len(sub.pending)
+            room = sub.room()
             batch = self._reader.read(sub.record.channel, sub.last_sent + 1, min(room, READ_BATCH, budget))
             if not batch:
                 sub.last_sent = info.last_seq  # the rest was evicted
@@ -787,6 +1112,8 @@ class Engine(EffectsAccumulator):
             return
         if blocked or group.last_sent >= self._channel_last(group.channel):
             return  # the common case after an ack: nothing new (no store lookup)
+        if group.ordered and group.holds_any():
+            return  # one message of the channel out at a time: the next once it is acked
         info = self.store.channel_info(group.channel)
         if info is None:
             return
@@ -800,13 +1127,15 @@ class Engine(EffectsAccumulator):
                 break
             member = group.pick(for_new=True, failed=failed)
             if member is None:
-                break  # every member is stalled: the group is stalled (no store lookups)
+                # Every member is stalled: the group is stalled (no store lookups). Members that are
+                # wildcards stall on MaxInflight over all their channels: the room an ack makes on
+                # another channel must bring this one's pump back (`_serve_stalled_groups`).
+                for m in group.members:
+                    if m.wild is not None:
+                        m.wild.stalled_groups[group] = None
+                break
             # Read no more than the members can take: after an ack that is one message, not a batch.
-            room = sum(
-                m.window - len(m.pending)
-                for m in group.members
-                if not m.stalled and not m.pending.due_count and m not in failed
-            )
+            room = 1 if group.ordered else self._group_room(group, failed)
             batch = self._reader.read(group.channel, group.last_sent + 1, min(room, READ_BATCH, budget))
             if not batch:
                 group.last_sent = info.last_seq
@@ -837,12 +1166,19 @@ class Engine(EffectsAccumulator):
                     seqs.append(seq)
                 group.last_sent = seq
                 member = None
+            if group.ordered:
+                break
         self._timers.update(receivers)
         for sub_id, seqs in shares.items():  # the entries go before the positions that pass them
             self._updates.append(SetPendingRun(sub_id, seqs))
         for sub_id, receiver in receivers.items():
             receiver.last_sent = group.last_sent
             self._updates.append(SetLastSent(sub_id, group.last_sent))
+
+    @staticmethod
+    def _group_room(group: Group, failed: list[Sub]) -> int:
+        """How many new messages the group's members can take now."""
+        return sum(m.room() for m in group.members if not m.stalled and not m.pending.due_count and m not in failed)
 
     def _pick(self, group: Group, *, for_new: bool) -> Sub | None:
         return group.pick(for_new=for_new, failed=self._failing(group))
@@ -954,13 +1290,17 @@ class Engine(EffectsAccumulator):
     def group(self, channel: str, key: str) -> Group | None:
         return self._groups.get(channel, {}).get(key)
 
+    def wildcard(self, sub_id: int) -> Wildcard | None:
+        return self._wild.get(sub_id)
+
     def restore_group(self, record: SubscriptionRecord, key: str) -> Group:
         """The queue group a recovered member belongs to (made on its first member), at the highest
         position any of its members recorded."""
         groups = self._groups.setdefault(record.channel, {})
         group = groups.get(key)
         if group is None:
-            group = groups[key] = Group(record.channel, key, record.is_durable, record.last_sent)
+            ordered = record.options.ordered
+            group = groups[key] = Group(record.channel, key, record.is_durable, record.last_sent, ordered)
         group.last_sent = max(group.last_sent, record.last_sent)
         return group
 
@@ -978,9 +1318,7 @@ class Engine(EffectsAccumulator):
         `start`; online when its client is registered and it was not closed."""
         record = attrs.evolve(record, is_closed=not online)
         sub = Sub(record, group, online)
-        sub.pending.add_due_many(pending, Reason.RESTART)
-        if naks:
-            self._recovered_naks += [(sub, seq, *left) for seq, left in naks.items() if left[0] > 0 and seq in pending]
+        self._restore_pending(sub, pending, naks)
         self._add(sub)
         if record.is_durable and not record.queue_group:
             self._durables[(record.client_id, record.channel, record.durable_name)] = sub
@@ -992,6 +1330,70 @@ class Engine(EffectsAccumulator):
             if group is None:
                 self._plain.setdefault(record.channel, {})[record.sub_id] = sub
         return sub
+
+    def _restore_pending(self, sub: Sub, pending: dict[int, int], naks: dict[int, tuple[float, int]] | None) -> None:
+        sub.pending.add_due_many(pending, Reason.RESTART)
+        if naks:
+            self._recovered_naks += [(sub, seq, *left) for seq, left in naks.items() if left[0] > 0 and seq in pending]
+
+    def restore_wildcard(self, record: SubscriptionRecord, *, online: bool) -> Wildcard | None:
+        """A recovered wildcard subscription (the pattern's record), without its parts yet
+        (`restore_part`); online when its client is registered and it was not closed. An offline
+        member of a wildcard queue group comes back as the group's shadow, unless it has one (None:
+        its parts' messages go to the group, `hand_part_to_group`)."""
+        record = attrs.evolve(record, is_closed=not online)
+        wild_group = None
+        if record.queue_group:
+            key = group_key(record.durable_name, record.queue_group)
+            wild_group = self._wild_groups.get((record.channel, key))
+            if wild_group is None:
+                wild_group = self._wild_groups[(record.channel, key)] = WildGroup(
+                    record.channel, key, record.is_durable, record.options.ordered
+                )
+            if not online and (wild_group.shadow is not None or wild_group.members):
+                return None  # the group lives on in others: what it held goes to them
+        wild = self._wild[record.sub_id] = Wildcard(record, record.exclude, online, wild_group)
+        if wild_group is not None:
+            if online:
+                wild_group.members.append(wild)
+            else:
+                wild_group.shadow = wild
+        elif record.is_durable:
+            self._wild_durables[(record.client_id, record.channel, record.durable_name)] = wild
+        if online:
+            self._by_ack_inbox[record.ack_inbox] = record.sub_id
+            self._clients[record.client_id].subs.add(record.sub_id)
+        return wild
+
+    def restore_part(
+        self,
+        wild: Wildcard,
+        record: SubscriptionRecord,
+        pending: dict[int, int],
+        naks: dict[int, tuple[float, int]] | None = None,
+    ) -> None:
+        """A recovered part of `wild` (its channel's position and pending messages, due first)."""
+        group = None
+        if wild.group is not None:
+            group = self.restore_group(record, wild.group.channel_key)
+        part = self._attach_part(wild, attrs.evolve(record, is_closed=not wild.online), group)
+        self._restore_pending(part, pending, naks)
+
+    def hand_part_to_group(self, pattern: str, record: SubscriptionRecord, pending: dict[int, int]) -> None:
+        """The part of a member of a queue group on `pattern` that is not coming back: its pending
+        messages go to the live members of its channel's group, or to the group's shadow."""
+        key = group_key(record.durable_name, record.queue_group)
+        wild_group = self._wild_groups.get((pattern, key))
+        group = None if wild_group is None else self.group(record.channel, wild_group.channel_key)
+        if group is not None and group.members:
+            self.hand_to_members(group, pending)
+        elif group is not None and group.shadow is not None:
+            for seq, attempt in sorted(pending.items()):
+                if seq not in group.shadow.pending:
+                    group.shadow.pending.add_due(seq, attempt, Reason.RESTART)
+                    self.merge_pending(group.shadow.record.sub_id, seq, attempt)
+            group.last_sent = max(group.last_sent, record.last_sent)
+        self.discard_recovered(record.sub_id)
 
     def restore_shadow(self, group: Group, sub: Sub) -> None:
         """`sub` keeps an empty durable group's position and pending messages for the members to come."""

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from heapq import heappop, heappush
 from itertools import repeat
 from operator import sub
+from typing import Protocol
 
 from streaming.core.engine.events import Reason
 
@@ -278,3 +279,29 @@ class PendingSet:
         if any(lane.pop(seq, None) is not None for lane in self._lanes.values()):
             return True
         return bool(self._naked) and self._naked.pop(seq, None) is not None
+
+
+class Tally(Protocol):
+    count: int
+
+
+class SharedPendingSet(PendingSet):
+    """A pending set whose size also counts in a shared `tally` (a wildcard subscription's MaxInflight
+    across its channels). Every change of size goes through `_size`, so the tally is kept without a
+    line in the hot paths of the plain `PendingSet`."""
+
+    __slots__ = ("_own", "_tally")
+
+    def __init__(self, tally: Tally) -> None:
+        self._tally = tally
+        self._own = 0
+        super().__init__()
+
+    @property
+    def _size(self) -> int:
+        return self._own
+
+    @_size.setter
+    def _size(self, value: int) -> None:
+        self._tally.count += value - self._own
+        self._own = value

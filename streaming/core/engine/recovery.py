@@ -5,13 +5,14 @@ Subscriptions of registered clients come back online with every pending message 
 any new message: `Engine.start` sends them first); durables of unknown clients or marked closed stay
 offline; other subscriptions of unknown clients are dropped, and their queue group's live members
 take their messages. An empty durable queue group comes back as its "shadow", holding its position
-and pending messages for the members to come.
+and pending messages for the members to come. A wildcard subscription comes back (or not) as one,
+with each of its parts (one per channel it follows); a part whose channel is gone is dropped.
 """
 
 from __future__ import annotations
 
 from storage.base import Store
-from storage.records import RecoveredState, SubscriptionRecord
+from storage.records import RecoveredState, RecoveredSubscription, SubscriptionRecord
 from streaming.core.engine.engine import Engine
 from streaming.core.engine.state import group_key
 
@@ -35,12 +36,43 @@ def rebuild(engine: Engine, state: RecoveredState, wall_unix_ns: int = 0) -> Eng
     def online(record: SubscriptionRecord) -> bool:
         return engine.has_client(record.client_id) and not record.is_closed
 
+    def naks_of(recovered: RecoveredSubscription) -> Naks | None:
+        return {seq: ((ns - wall_unix_ns) / 1e9, ns) for seq, ns in recovered.naks.items()} if wall_unix_ns else None
+
+    parts: list[RecoveredSubscription] = []
+    patterns: dict[int, str] = {}  # a wildcard subscription's id -> its pattern
+    # Online wildcards first, so that a queue group's live members are there before its shadow.
+    for recovered in sorted(state.subscriptions, key=lambda s: (not online(s.record), s.record.sub_id)):
+        record = recovered.record
+        if record.parent_id:
+            parts.append(recovered)
+        elif record.is_pattern:
+            patterns[record.sub_id] = record.channel
+            if (record.is_durable or online(record)) and engine.restore_wildcard(record, online=online(record)):
+                continue
+            engine.discard_recovered(record.sub_id)
+    # The parts of wildcards that came back first, then what the others held goes to their groups.
+    parts.sort(key=lambda s: (engine.wildcard(s.record.parent_id) is None, s.record.sub_id))
+    for recovered in parts:
+        record = recovered.record
+        wild = engine.wildcard(record.parent_id)
+        if record.channel not in channels:
+            engine.discard_recovered(record.sub_id)
+        elif wild is not None:
+            engine.restore_part(wild, record, dict(recovered.pending), naks_of(recovered))
+        elif record.queue_group and record.parent_id in patterns:
+            engine.hand_part_to_group(patterns[record.parent_id], record, dict(recovered.pending))
+        else:
+            engine.discard_recovered(record.sub_id)
     # Online subscriptions first, so departed members' messages find the live members of their group.
-    ordered = sorted(state.subscriptions, key=lambda s: (not online(s.record), s.record.sub_id))
+    ordered = sorted(
+        (s for s in state.subscriptions if not s.record.parent_id and not s.record.is_pattern),
+        key=lambda s: (not online(s.record), s.record.sub_id),
+    )
     for recovered in ordered:
         record, pending = recovered.record, dict(recovered.pending)
         is_online = online(record)
-        naks = {seq: ((ns - wall_unix_ns) / 1e9, ns) for seq, ns in recovered.naks.items()} if wall_unix_ns else None
+        naks = naks_of(recovered)
         if record.channel not in channels:
             engine.discard_recovered(record.sub_id)
         elif record.queue_group:

@@ -17,7 +17,8 @@ import attrs
 
 from storage.records import StartPosition, SubOptions, SubscriptionRecord
 from streaming.core.engine.events import SubRef
-from streaming.core.engine.pending import PendingSet
+from streaming.core.engine.pending import PendingSet, SharedPendingSet
+from streaming.wire.subjects import matches
 
 
 @attrs.frozen(slots=True)
@@ -37,6 +38,9 @@ class SubscribeRequest:
     # Deliveries on demand (a pull door's consumer): nothing new is sent until the door opens the
     # subscription's window with `Engine.set_window`.
     on_demand: bool = False
+    # A wildcard subscription only: patterns of channels it must not follow (those its user may not
+    # read, when the user's permissions deny part of what the pattern matches).
+    exclude: tuple[str, ...] = ()
 
     def __attrs_post_init__(self) -> None:
         if self.ack_wait_ms <= 0 or self.max_inflight <= 0:
@@ -44,19 +48,23 @@ class SubscribeRequest:
 
 
 class Sub:
-    """One subscription: plain, durable, queue member, or the offline shadow of a durable group."""
+    """One subscription: plain, durable, queue member, the offline shadow of a durable group, or the
+    part of a wildcard subscription that follows one channel (`wild`: that wildcard)."""
 
-    __slots__ = ("group", "last_sent", "online", "pending", "record", "ref", "window")
+    __slots__ = ("group", "last_sent", "online", "pending", "record", "ref", "wild", "window")
 
-    def __init__(self, record: SubscriptionRecord, group: Group | None, online: bool) -> None:
+    def __init__(
+        self, record: SubscriptionRecord, group: Group | None, online: bool, wild: Wildcard | None = None
+    ) -> None:
         self.record = record
+        self.wild = wild
         # How many pending messages it may hold before new ones wait: its MaxInflight, or for a
         # subscription on demand what its door opened (`Engine.set_window`), never more.
         self.window = record.max_inflight
         self.group = group
         self.online = online
         self.last_sent = record.last_sent
-        self.pending = PendingSet()
+        self.pending = PendingSet() if wild is None else SharedPendingSet(wild)
         self.ref = ref(record)
 
     def delay(self, attempt: int) -> float:
@@ -67,7 +75,71 @@ class Sub:
 
     @property
     def stalled(self) -> bool:
-        return len(self.pending) >= self.window
+        wild = self.wild
+        return len(self.pending) >= self.window or (wild is not None and wild.count >= wild.record.max_inflight)
+
+    def room(self) -> int:
+        """How many new messages it may take now (its window, and a wildcard's MaxInflight across its
+        channels)."""
+        room = self.window - len(self.pending)
+        wild = self.wild
+        return room if wild is None else min(room, wild.record.max_inflight - wild.count)
+
+
+class Wildcard:
+    """A subscription to a pattern (`orders.*`, `orders.>`): one part (a `Sub` with `wild` set) per
+    channel it follows, each with that channel's own position, pending messages and timer, made for
+    the matching channels when it subscribes and for each matching channel that appears later.
+
+    MaxInflight bounds the messages pending across all its channels (`count`, kept by each part's
+    `SharedPendingSet`); parts that have new messages but no room wait in `waiting`, in turn, for the
+    room an ack makes. `exclude`: patterns of channels it may not follow (its user's denied subjects).
+    """
+
+    __slots__ = ("count", "exclude", "group", "online", "parts", "record", "stalled_groups", "tokens", "waiting")
+
+    def __init__(
+        self, record: SubscriptionRecord, exclude: tuple[str, ...], online: bool, group: WildGroup | None = None
+    ) -> None:
+        self.record = record
+        self.group = group  # the wildcard queue group it is a member (or the shadow) of
+        self.tokens = record.channel.split(".")
+        self.exclude = [pattern.split(".") for pattern in exclude]
+        self.online = online
+        self.parts: dict[str, Sub] = {}  # channel -> its part
+        self.count = 0  # pending messages across the parts
+        self.waiting: dict[int, None] = {}  # parts (sub ids) with new messages waiting for room, in turn
+        # A queue group member: the channels' groups that found no member with room, in turn.
+        self.stalled_groups: dict[Group, None] = {}
+
+    def follows(self, channel: str) -> bool:
+        """Whether `channel` is one of its channels (matched, and not excluded)."""
+        tokens = channel.split(".")
+        return matches(self.tokens, tokens) and not any(matches(p, tokens) for p in self.exclude)
+
+
+class WildGroup:
+    """A queue group on a pattern: its members are wildcard subscriptions, and on each channel their
+    parts form an ordinary `Group` (named `channel_key`), so that channel's messages are shared
+    among them as on a queue group on that channel; an empty durable group keeps its last member as
+    `shadow`. `ordered`: each channel's `Group` is ordered, which spreads the channels over the members
+    while keeping each one's order."""
+
+    __slots__ = ("durable", "key", "members", "ordered", "pattern", "shadow")
+
+    def __init__(self, pattern: str, key: str, durable: bool, ordered: bool) -> None:
+        self.pattern = pattern
+        self.key = key
+        self.durable = durable
+        self.ordered = ordered
+        self.members: list[Wildcard] = []
+        self.shadow: Wildcard | None = None
+
+    @property
+    def channel_key(self) -> str:
+        """Its groups' name on each channel (a space cannot be in a pattern or a group name, so it
+        never meets a queue group on the channel itself)."""
+        return f"{self.pattern} {self.key}"
 
 
 @attrs.frozen
@@ -93,17 +165,24 @@ def ref(record: SubscriptionRecord) -> SubRef:
 
 
 class Group:
-    """A queue group: members share one position; `shadow` keeps an empty durable group's state."""
+    """A queue group: members share one position; `shadow` keeps an empty durable group's state.
+    `ordered`: the channel's messages go out one at a time (the next once the last is acked), so its
+    members never work on two of them at once."""
 
-    __slots__ = ("channel", "durable", "last_sent", "members", "name", "shadow")
+    __slots__ = ("channel", "durable", "last_sent", "members", "name", "ordered", "shadow")
 
-    def __init__(self, channel: str, name: str, durable: bool, last_sent: int) -> None:
+    def __init__(self, channel: str, name: str, durable: bool, last_sent: int, ordered: bool = False) -> None:
         self.channel = channel
         self.name = name
         self.durable = durable
         self.last_sent = last_sent
+        self.ordered = ordered
         self.members: list[Sub] = []
         self.shadow: Sub | None = None
+
+    def holds_any(self) -> bool:
+        """Whether a member has a message of the group pending (an ordered group sends nothing new then)."""
+        return any(len(member.pending) for member in self.members)
 
     def pick(self, *, for_new: bool, failed: Container[Sub] = ()) -> Sub | None:
         """The member to send to (None: none can take a new message now); `failed`: the members
@@ -113,7 +192,12 @@ class Group:
         for member in self.members:
             pending = member.pending
             size = len(pending)
-            if member in failed or (for_new and (size >= member.window or pending.due_count)):
+            wild = member.wild
+            if wild is not None:  # a wildcard group's member: its load is over all its channels
+                if for_new and wild.count >= wild.record.max_inflight:
+                    continue
+                size = wild.count
+            if member in failed or (for_new and (len(pending) >= member.window or pending.due_count)):
                 continue
             if best is None or size < fewest:
                 best, fewest = member, size
