@@ -1,5 +1,8 @@
 """Bayeux channel names and the engine channels they map to.
 
+Wildcard channels map to engine patterns (`pattern_to_engine`): `/chat/*` to `chat.*`, `/chat/**`
+to `chat.>`, which a wildcard subscription follows; its messages come on their own channels.
+
 A concrete Bayeux channel `/orders/eu` is the engine channel `orders.eu`: each segment becomes one
 token. Segment characters other than letters, digits, `_` and `-` are written `~XX` (two upper-case
 hex digits of the character), so `.` inside a segment, `~` itself, spaces and NATS wildcards never
@@ -51,6 +54,17 @@ def mappable(channel: str) -> bool:
     """A concrete channel with an engine name: no empty segment, no wildcard."""
     parts = segments(channel)
     return all(parts) and parts[-1] not in ("*", "**")
+
+
+@functools.lru_cache(maxsize=4096)
+def pattern_to_engine(channel: str) -> str | None:
+    """A wildcard channel's engine pattern: `/chat/*` (one segment below) -> `chat.*`, `/chat/**` (any
+    depth below) -> `chat.>` (`/**`: every channel); None when it is no wildcard a subscription can
+    follow (an empty segment)."""
+    parts = segments(channel)
+    if parts[-1] not in ("*", "**") or not all(parts[:-1]):
+        return None
+    return ".".join([*(_escape(s) for s in parts[:-1]), "*" if parts[-1] == "*" else ">"])
 
 
 def _escape(segment: str) -> str:

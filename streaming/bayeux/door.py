@@ -123,6 +123,7 @@ class BayeuxDoor:
         self._sessions: dict[str, _Live] = {}
         # engine sub id -> its session, and its Bayeux channel as JSON
         self._by_sub: dict[int, tuple[_Live, bytes]] = {}
+        self._parts: dict[int, list[int]] = {}  # a wildcard subscription -> its parts noted in `_by_sub`
         self._durable_holders: dict[str, _Live] = {}  # a durable's engine client -> the session holding it
         self._next = 0
         self._handshakes = self._expired = self._batches = self._delivered = self._resent = self._published = 0
@@ -271,7 +272,7 @@ class BayeuxDoor:
             self._ack(entries)  # no acks will come: what is written is delivered, at most once
         self._delivered += len(entries)
         self._resent += resent
-        return [*(e.message for e in entries), bx.connect_reply(message, batch, settings, taken)]
+        return [*(e.message for e in entries if e.message), bx.connect_reply(message, batch, settings, taken)]
 
     def _ack(self, entries: list[bx.Entry]) -> None:
         if not entries:
@@ -304,7 +305,7 @@ class BayeuxDoor:
             live.hold = None
         core = self.core
         for sub_id in session.subscriptions.values():
-            self._by_sub.pop(sub_id, None)
+            self._forget_sub(sub_id)
             core.unsubscribe(sub_id, close=sub_id in live.durable_subs)  # a durable keeps its position
         session.subscriptions.clear()
         session.clear()
@@ -320,11 +321,18 @@ class BayeuxDoor:
         if isinstance(names, dict):
             return names
         subscription = message["subscription"]
+        engine_names: dict[str, str] = {}
         for name in names:
-            if channels.is_meta(name) or channels.is_service(name) or not channels.mappable(name):
+            if channels.is_meta(name) or channels.is_service(name):
                 return bx.error(message, bx.SUBSCRIBE_FAILED, subscription=subscription)
-            if isinstance(self.core.refusal(channels.to_engine(name), "subscribe", permissions), NotPermitted):
+            engine_name = channels.pattern_to_engine(name) if channels.is_wildcard(name) else None
+            if engine_name is None:
+                if not channels.mappable(name):
+                    return bx.error(message, bx.SUBSCRIBE_FAILED, subscription=subscription)
+                engine_name = channels.to_engine(name)
+            if isinstance(self.core.refusal(engine_name, "subscribe", permissions), NotPermitted):
                 return bx.error(message, bx.SUBSCRIBE_DENIED, subscription=subscription)
+            engine_names[name] = engine_name
         durable = bx.durable_of(message)
         if isinstance(durable, dict):
             return durable
@@ -335,7 +343,8 @@ class BayeuxDoor:
         for name in names:
             if name in session.subscriptions:
                 continue
-            engine_channel = channels.to_engine(name)
+            engine_channel = engine_names[name]
+            pattern = channels.is_wildcard(name)
             self._next += 1
             inbox = f"{INBOX_PREFIX}{live.public_id}.{self._next}"
             request = SubscribeRequest(
@@ -346,9 +355,12 @@ class BayeuxDoor:
                 ack_wait_ms=_ACK_WAIT_MS,
                 max_inflight=self.settings.max_unacked,
                 durable_name=durable or "",
+                # A wildcard leaves out the channels its user may not read.
+                exclude=permissions.denied_within(engine_channel) if pattern and permissions is not None else (),
             )
             try:
-                await self.core.ensure_channel(engine_channel)
+                if not pattern:
+                    await self.core.ensure_channel(engine_channel)
                 if self._sessions.get(session.client_id) is not live:
                     return bx.session_unknown(message)  # it ended while the channel was made
                 if self._held_by_another(engine_client, live):  # taken while the channel was made
@@ -360,6 +372,7 @@ class BayeuxDoor:
 
                 def answer(sub_id: int, name: str = name) -> None:
                     session.subscriptions[name] = sub_id
+                    session.overlapping = session.overlapping or channels.is_wildcard(name)
                     if durable is not None:
                         live.durable_subs.add(sub_id)
                     self._by_sub[sub_id] = (live, json.dumps(name, ensure_ascii=False).encode())
@@ -385,7 +398,7 @@ class BayeuxDoor:
             return bx.error(message, bx.CHANNEL_MISSING, subscription=message["subscription"])
         for name in names:
             sub_id = session.subscriptions.pop(name)
-            self._by_sub.pop(sub_id, None)
+            self._forget_sub(sub_id)
             live.durable_subs.discard(sub_id)
             self.core.unsubscribe(sub_id)  # a durable too: unsubscribing ends it, as for STAN
         return bx.reply(message, successful=True, subscription=message["subscription"])
@@ -435,6 +448,8 @@ class BayeuxDoor:
                 self._queue_run(owner, sub_id, run, woken)
                 sub_id, run = d.sub_id, []
                 owner = by_sub.get(sub_id)
+                if owner is None:
+                    owner = self._part_owner(sub_id)
             if owner is not None:
                 m = d.message
                 run.append((m.seq, encode(owner[1], sub_id, m.seq, m.timestamp_unix_ns, m.data)))
@@ -443,6 +458,26 @@ class BayeuxDoor:
             if live.hold is not None:
                 live.hold.event.set()
                 live.hold = None
+
+    def _part_owner(self, sub_id: int) -> tuple[_Live, bytes] | None:
+        """A wildcard subscription's part (its share of one channel): the session of the subscription,
+        and the part's own channel, which its messages name (noted for the next time)."""
+        record = self.core.subscription(sub_id)
+        if record is None or not record.parent_id:
+            return None
+        parent = self._by_sub.get(record.parent_id)
+        if parent is None:
+            return None
+        owner = (parent[0], json.dumps(channels.from_engine(record.channel), ensure_ascii=False).encode())
+        self._by_sub[sub_id] = owner
+        self._parts.setdefault(record.parent_id, []).append(sub_id)
+        return owner
+
+    def _forget_sub(self, sub_id: int) -> None:
+        """A subscription this door no longer delivers for, with the parts noted for it."""
+        self._by_sub.pop(sub_id, None)
+        for part in self._parts.pop(sub_id, ()):
+            self._by_sub.pop(part, None)
 
     @staticmethod
     def _queue_run(
@@ -453,7 +488,9 @@ class BayeuxDoor:
         live = owner[0]
         # A redelivery (a resumed or recovered durable's pending) is queued unless it still is:
         # batches, not the engine's timer, send a queued message again.
-        if live.session.queue_run(sub_id, run) and live.hold is not None:
+        session = live.session
+        # Only a session with a wildcard subscription can be given one message by two subscriptions.
+        if session.queue_run(sub_id, run, owner[1] if session.overlapping else b"") and live.hold is not None:
             woken.append(live)
 
     def holding(self) -> AbstractContextManager[None]:

@@ -75,10 +75,17 @@ class Entry:
     sub_id: int
     seq: int
     sent: bool = False
+    channel: bytes = b""  # its channel, when the session has overlapping (wildcard) subscriptions
 
 
 class Session:
-    """One Bayeux client: its batches, its queue, its subscriptions (Bayeux channel -> engine sub id)."""
+    """One Bayeux client: its batches, its queue, its subscriptions (Bayeux channel -> engine sub id).
+
+    A message reaches a session once, however many of its subscriptions match it (`/chat/*` and
+    `/chat/**` both match `/chat/a`), as on any Bayeux server: the client hands it to every matching
+    listener itself. The other subscriptions' copies *ride* on the one queued: not sent, and
+    acknowledged (or given back) with it.
+    """
 
     def __init__(self, client_id: str, *, ack_enabled: bool, expires_at: float) -> None:
         self.client_id = client_id
@@ -89,29 +96,60 @@ class Session:
         self.connected = False  # a first connect was answered
         self.expires_at = expires_at  # inf while a connect is held
         self.subscriptions: dict[str, int] = {}
+        self.overlapping = False  # it has a wildcard subscription: `queue_run` is given the channel
+        self._holders: dict[tuple[bytes, int], tuple[int, int]] = {}  # (channel, seq) -> the entry carrying it
+        self._riders: dict[tuple[int, int], list[tuple[int, int]]] = {}  # carrying entry -> copies riding on it
+        self._riding: set[tuple[int, int]] = set()
 
     def queue(self, message: bytes, sub_id: int, seq: int) -> bool:
         """A delivery routed to the session, tagged with the open batch; False (and nothing queued)
         when that message of that subscription is queued already."""
         return self.queue_run(sub_id, [(seq, message)]) == 1
 
-    def queue_run(self, sub_id: int, run: list[tuple[int, bytes]]) -> int:
-        """`queue` of each (seq, encoded delivery) of one subscription, in order: how many were queued."""
+    def queue_run(self, sub_id: int, run: list[tuple[int, bytes]], channel: bytes = b"") -> int:
+        """`queue` of each (seq, encoded delivery) of one subscription, in order: how many were queued.
+        `channel` (the messages' channel), given when the session's subscriptions may overlap: a
+        message queued already by another subscription is not queued again but rides on it."""
         tag, queued, append = self.next_batch, self._queued, self.unacked.append
         count = 0
         for seq, message in run:
             key = (sub_id, seq)
-            if key in queued:
+            if key in queued or key in self._riding:
                 continue
+            if channel:
+                carrier = self._holders.setdefault((channel, seq), key)
+                if carrier != key:
+                    self._riders.setdefault(carrier, []).append(key)
+                    self._riding.add(key)
+                    continue
             queued.add(key)
-            append(Entry(tag, message, sub_id, seq))
+            append(Entry(tag, message, sub_id, seq, channel=channel))
             count += 1
         return count
+
+    def riders(self, entries: list[Entry]) -> list[Entry]:
+        """The copies riding on `entries` (which leave the queue), as entries to acknowledge with them."""
+        if not self._riders:
+            for entry in entries:
+                if entry.channel:
+                    self._holders.pop((entry.channel, entry.seq), None)
+            return []
+        out: list[Entry] = []
+        for entry in entries:
+            if entry.channel:
+                self._holders.pop((entry.channel, entry.seq), None)
+            for sub_id, seq in self._riders.pop((entry.sub_id, entry.seq), ()):
+                self._riding.discard((sub_id, seq))
+                out.append(Entry(entry.tag, b"", sub_id, seq, True))
+        return out
 
     def clear(self) -> None:
         """The session ends: its queue goes (nothing in it is acknowledged)."""
         self.unacked.clear()
         self._queued.clear()
+        self._holders.clear()
+        self._riders.clear()
+        self._riding.clear()
 
     def has_to_send(self) -> bool:
         return bool(self.unacked)
@@ -128,7 +166,7 @@ class Session:
             entry = unacked.popleft()
             queued.discard((entry.sub_id, entry.seq))
             acked.append(entry)
-        return acked
+        return acked + self.riders(acked)
 
     def give_back(self, naks: list[tuple[int, int, float]]) -> list[tuple[int, int, float]]:
         """The (sub_id, seq, delay) of `naks` (see `naks_of`) that name a delivery sent to this session
@@ -145,6 +183,7 @@ class Session:
             if entry.sent and key in wanted:
                 self._queued.discard(key)
                 taken.append((entry.sub_id, entry.seq, wanted[key]))
+                taken += [(r.sub_id, r.seq, wanted[key]) for r in self.riders([entry])]
             else:
                 kept.append(entry)
         self.unacked = kept
@@ -160,8 +199,9 @@ class Session:
             resent += entry.sent
             entry.sent = True
         if not self.ack_enabled:
+            riding = self.riders(entries)  # acknowledged with what they ride on, at once
             self.clear()
-            return None, entries, 0
+            return None, entries + riding, 0
         batch = self.next_batch
         self.next_batch += 1
         return batch, entries, resent

@@ -115,6 +115,11 @@ def _client_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="count redeliveries against MaxInflight too (a slow consumer is not flooded after a restart)",
     )
+    sub.add_argument(
+        "--ordered",
+        action="store_true",
+        help="with --queue: the group keeps each channel's order (one message of a channel out at a time)",
+    )
     sub.add_argument("--count", type=int, default=0, help="exit after this many messages (default: run forever)")
     sub.add_argument("--unsubscribe", action="store_true", help="unsubscribe on exit (default: close)")
     return parser
@@ -139,6 +144,8 @@ def client_main(argv: list[str] | None = None) -> int:
         parser.error("--ack_progress needs --manual_ack and an --ack_delay")
     if args.command == "sub" and args.nak is not None and not args.manual_ack:
         parser.error("--nak needs --manual_ack")
+    if args.command == "sub" and args.ordered and not args.queue:
+        parser.error("--ordered needs --queue")
     # Random, not time-based: two commands started together must not take each other's ID.
     args.client_id = args.client_id or f"streaming-cli-{secrets.token_hex(6)}"
     from streaming.client import ConnectionClosedError, StanError
@@ -230,6 +237,7 @@ async def _sub(args: argparse.Namespace, host: str, port: int) -> int:
             dead_letter_channel=args.dead_letter,
             backoff_s=args.backoff,
             max_inflight_redeliveries=args.max_inflight_redeliveries,
+            ordered=args.ordered,
             close_on_exit=not args.unsubscribe,
         ) as sub,
     ):

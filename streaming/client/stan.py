@@ -366,6 +366,7 @@ class StanClient:
         dead_letter_channel: str = "",
         backoff_s: tuple[float, ...] = (),
         max_inflight_redeliveries: bool = False,
+        ordered: bool = False,
         suppress_copies: bool = True,
     ) -> Subscription:
         """Subscribe without a context manager; call `unsubscribe()` or `close()` on the result.
@@ -373,7 +374,10 @@ class StanClient:
         `ack_wait` is seconds; a fraction of a second is sent as negative milliseconds, which only a
         server started with the test-only `allow_ms_ack_wait` option accepts. `suppress_copies` (default)
         drops a redelivered copy of a message already acked here or still waiting to be handed out;
-        False hands every delivery to the application, as the reference clients do.
+        False hands every delivery to the application, as the reference clients do. `ordered` (with
+        `queue`; this server's extension): the group keeps each channel's order, giving a channel's
+        next message to a member only once the last one is acked (with a pattern as `channel`, the
+        channels are spread over the members).
         """
         if self.closed:
             raise ConnectionClosedError(self.lost_reason or "connection closed")
@@ -395,6 +399,7 @@ class StanClient:
             deadLetterChannel=dead_letter_channel,
             backoffMs=[round(b * 1000) for b in backoff_s],
             maxInflightRedeliveries=max_inflight_redeliveries,
+            ordered=ordered,
         )
         try:
             response = await self._request(

@@ -95,6 +95,7 @@ class SubscribeOptions(TypedDict, total=False):
     dead_letter_channel: str
     backoff_s: tuple[float, ...]
     max_inflight_redeliveries: bool
+    ordered: bool
     suppress_copies: bool
 
 

@@ -70,6 +70,7 @@ SUBJECT_TOO_LONG: Final = f"stan: invalid subject: channel names are limited to 
 DUPLICATE_DURABLE: Final = "stan: duplicate durable registration"
 DURABLE_QUEUE_COLON: Final = "stan: durable name of a durable queue subscriber can't contain the character ':'"
 TOO_MANY_SUBS: Final = "too many subscriptions per channel"
+ORDERED_NOT_QUEUE: Final = "stan: only a queue subscription can keep each channel's order (ordered)"
 ORDERED_MISMATCH: Final = "stan: a queue group keeps each channel's order or not, for every member alike"
 WILDCARD_ON_DEMAND: Final = "a wildcard cannot be followed on demand"
 

@@ -32,7 +32,7 @@ import trio
 
 from streaming.core.door_api import DoorApi, Permissions
 from streaming.core.errors import RequestError
-from streaming.core.outbound import ChannelInfo, Delivery, Publish, SubscribeRequest
+from streaming.core.outbound import ChannelInfo, Delivery, Publish, SubOptions, SubscribeRequest
 from streaming.pull import protocol as pp
 
 log = logging.getLogger(__name__)
@@ -157,6 +157,7 @@ class PullDoor:
             max_inflight=options.max_inflight,
             durable_name=options.durable,
             queue_group=options.group,
+            options=SubOptions(ordered=options.ordered),
             start_position=options.start,
             start_sequence=options.start_sequence,
             start_time_delta_ns=options.start_time_delta_ns,

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from streaming.core.errors import NotPermitted, RequestError, StoreError
+from streaming.core.errors import ORDERED_MISMATCH, NotPermitted, RequestError, StoreError
 from streaming.pull import protocol as pp
 from streaming.pull.door import Conflict, PullConsumer, PullDoor
 from streaming.security.auth import Authenticator
@@ -177,7 +177,9 @@ class PullApp:
         except Conflict as exc:
             return _problem(409, "conflict", detail=str(exc))
         except RequestError as exc:
-            return _problem(409 if "duplicate durable" in str(exc) else 400, "refused", detail=str(exc))
+            # A durable in use, or a group member that would not keep the group's order: a conflict.
+            conflict = "duplicate durable" in str(exc) or str(exc) == ORDERED_MISMATCH
+            return _problem(409 if conflict else 400, "refused", detail=str(exc))
         except StoreError:
             return _problem(507, "not-stored", detail="store error")
         url = self._consumer_url(request, live)

@@ -47,6 +47,7 @@ class ConsumerOptions:
     ack_manual: bool = True
     durable: str = ""
     group: str = ""
+    ordered: bool = False  # the group keeps the channel's order: one message out at a time
     start: StartPosition = StartPosition.NEW_ONLY
     start_sequence: int = 0
     start_time_delta_ns: int = 0
@@ -59,6 +60,7 @@ class ConsumerOptions:
             "ack": "manual" if self.ack_manual else "auto",
             "durable": self.durable or None,
             "group": self.group or None,
+            "ordered": self.ordered,
             "ack_wait": self.ack_wait_s,
             "max_inflight": self.max_inflight,
             "idle_timeout": self.idle_timeout_s,
@@ -96,10 +98,17 @@ def parse_options(form: Mapping[str, str], now_unix_ns: int) -> ConsumerOptions:
         raise BadParameter("autoAck", f"expected true or false, got {auto_text!r}")
     ack_manual = not (ack_text == "auto" or auto_text == "true")
     start, sequence, delta = _start(form.get("start", "") or "new", now_unix_ns)
+    ordered_text = form.get("ordered")
+    if ordered_text not in (None, "", "true", "false"):
+        raise BadParameter("ordered", f"expected true or false, got {ordered_text!r}")
+    group = _name(form, "group")
+    if ordered_text == "true" and not group:
+        raise BadParameter("ordered", "keeps a queue group's order: give a group too")
     return ConsumerOptions(
         ack_manual=ack_manual,
         durable=_name(form, "durable"),
-        group=_name(form, "group"),
+        group=group,
+        ordered=ordered_text == "true",
         start=start,
         start_sequence=sequence,
         start_time_delta_ns=delta,

@@ -124,7 +124,10 @@ def parse_subscribe(
         dead_letter_channel=request.deadLetterChannel,
         backoff_ms=tuple(request.backoffMs),
         max_inflight_redeliveries=request.maxInflightRedeliveries,
+        ordered=request.ordered,
     )
+    if request.ordered and not request.qGroup:
+        raise InvalidRequest(errors.ORDERED_NOT_QUEUE)
     return SubscribeRequest(
         client_id=request.clientID,
         channel=request.subject,

@@ -381,3 +381,30 @@ async def test_a_stan_client_and_a_cometd_client_see_each_others_messages_in_ord
         got = await client.wait_count(is_message, 20)
         assert [seq_of(e) for e in got] == list(range(1, 21))
         assert [e["data"] for e in got[10:]] == [f"stan-{i}" for i in range(10)]
+
+
+@pytest.mark.parametrize("websocket", [False, True])
+async def test_wildcard_channels_follow_every_channel_below_with_acks(rig: Rig, websocket: bool) -> None:
+    """The CometD client on `/wild/*` (one segment below) and `/wild/**` (any depth): each message on
+    its own channel, channels made after the subscription included, acknowledged by batch as on a
+    plain channel (the engine holds nothing afterwards), and a STAN subscriber of `wild.>` sees the
+    same messages."""
+    async with Cometd.start(rig.url, subscribe=["/wild/*", "/wild/**"], websocket=websocket) as client:
+        await client.subscribed("/wild/*")
+        await client.subscribed("/wild/**")
+        await publish_direct(rig, "/wild/a", [1])
+        await publish_direct(rig, "/wild/b", [2])  # made after the subscription
+        await publish_direct(rig, "/wild/b/deep", [3])  # only `**` reaches this deep
+        await publish_direct(rig, "/other/a", [4])
+        got = await client.wait_count(is_message, 5)
+        assert sorted((e["channel"], e["data"]) for e in got) == [
+            ("/wild/a", 1),
+            ("/wild/a", 1),
+            ("/wild/b", 2),
+            ("/wild/b", 2),
+            ("/wild/b/deep", 3),
+        ], "each wildcard subscription delivers on the message's own channel"
+        views = rig.server.core.engine.views
+        await eventually(lambda: not sum(v.pending_count for v in views() if v.record.channel.startswith("wild.")))
+        await trio.sleep(0.3)
+        assert len(client.received()) == 5

@@ -227,7 +227,7 @@ async def test_errors_are_answered_in_the_json_with_status_200(server: Running) 
                 {"id": "7 !", "channel": "/chat/x", "clientId": cid},
                 {"id": "8", "channel": "/meta/unsubscribe", "subscription": "/never", "clientId": cid},
                 {"id": "9", "channel": "/meta/subscribe", "subscription": 5, "clientId": cid},
-                {"id": "10", "channel": "/meta/subscribe", "subscription": "/chat/*", "clientId": cid},
+                {"id": "10", "channel": "/meta/subscribe", "subscription": "/chat//*", "clientId": cid},
                 {"id": "11", "channel": "/meta/whatever", "clientId": cid},
                 7,
             ]

@@ -277,3 +277,33 @@ def test_ext_nak_takes_ids_and_objects_and_leaves_out_the_rest() -> None:
     assert bx.naks_of({"ext": {"nak": given}}) == [(3, 7, 0.0), (3, 8, 2.5)]
     assert bx.naks_of({"ext": {"ack": 1}}) is None and bx.naks_of({}) is None
     assert bx.naks_of({"ext": {"nak": "3x7"}}) == [], "not a list: nothing taken, and the reply says 0"
+
+
+def test_a_message_two_subscriptions_match_reaches_the_session_once_and_both_are_settled() -> None:
+    session = bx.Session("c", ack_enabled=True, expires_at=0.0)
+    ch = b'"/chat/a"'
+    assert session.queue_run(1, [(5, b"m5"), (6, b"m6")], ch) == 2  # `/chat/*`
+    assert session.queue_run(2, [(5, b"m5"), (6, b"m6")], ch) == 0  # `/chat/**`: they ride on the first
+    assert session.queue_run(2, [(5, b"m5")], ch) == 0, "a redelivered copy does not ride twice"
+    batch, entries, _ = session.close_batch()
+    assert [e.message for e in entries] == [b"m5", b"m6"]
+    gave = session.give_back([(1, 6, 3.0)])
+    assert sorted(gave) == [(1, 6, 3.0), (2, 6, 3.0)], "a nak gives back the copies riding on it"
+    acked = session.acknowledge(batch)
+    assert sorted((e.sub_id, e.seq) for e in acked) == [(1, 5), (2, 5)]
+    assert session.queue_run(2, [(6, b"m6")], ch) == 1, "once settled, a copy is queued again"
+
+    plain = bx.Session("p", ack_enabled=False, expires_at=0.0)
+    plain.queue_run(1, [(1, b"m1")], ch)
+    plain.queue_run(2, [(1, b"m1")], ch)
+    _, out, _ = plain.close_batch()
+    assert sorted((e.sub_id, e.seq) for e in out) == [(1, 1), (2, 1)]
+    assert [e.message for e in out if e.message] == [b"m1"], "written once, acknowledged for both"
+
+
+def test_wildcard_channels_map_to_engine_patterns() -> None:
+    assert channels.pattern_to_engine("/chat/*") == "chat.*"
+    assert channels.pattern_to_engine("/chat/**") == "chat.>"
+    assert channels.pattern_to_engine("/**") == ">"
+    assert channels.pattern_to_engine("/a.b/*") == "a~2Eb.*", "a segment's dot is escaped, never a token break"
+    assert channels.pattern_to_engine("/a//*") is None and channels.pattern_to_engine("/a/*/b") is None

@@ -510,3 +510,39 @@ async def test_wildcard_subscriptions_can_be_turned_off(tmp_path: Path) -> None:
                 await sc.open_subscription("orders.*")
     finally:
         server.stop()
+
+
+@on_both_backends
+async def test_an_ordered_queue_group_over_a_pattern_keeps_each_channels_order(server: ServerThread) -> None:
+    """Two members of an ordered group on `jobs.*`, each slow to ack: every message once, each channel
+    in order, never two of one channel at once, and the channels spread over both members."""
+    channels = [f"jobs.{name}" for name in "abcd"]
+    busy: dict[str, int] = {}
+    seen: dict[str, list[int]] = {c: [] for c in channels}
+    by_member: dict[int, set[str]] = {0: set(), 1: set()}
+    done = anyio.Event()
+
+    async def member(index: int, sub: Subscription) -> None:
+        async for msg in sub:
+            assert busy.get(msg.subject, 0) == 0, f"two messages of {msg.subject} out at once"
+            busy[msg.subject] = 1
+            await anyio.sleep(0.02)
+            seen[msg.subject].append(msg.seq)
+            by_member[index].add(msg.subject)
+            busy[msg.subject] = 0
+            msg.ack()
+            if sum(len(s) for s in seen.values()) == 12:
+                done.set()
+
+    async with connect(CID, "me", port=server.port) as sc, anyio.create_task_group() as nursery:
+        for index in range(2):
+            sub = await sc.open_subscription("jobs.*", queue="w", ordered=True, manual_ack=True, ack_wait=30)
+            nursery.start_soon(member, index, sub)
+        for i in range(3):
+            for channel in channels:
+                await sc.publish(channel, b"%d" % i)
+        with anyio.fail_after(10):
+            await done.wait()
+        nursery.cancel_scope.cancel()
+    assert seen == {c: [1, 2, 3] for c in channels}
+    assert by_member[0] and by_member[1], "the channels were spread over the members"

@@ -140,3 +140,22 @@ async def test_artemis_link_headers_when_asked_for(tmp_path: Path) -> None:
         auto = await create(http, "artemis", start="first", ack="auto")
         assert auto.headers["msg-consume-next"] == link(auto, "next")["url"]
         assert "msg-acknowledge-next" not in auto.headers
+
+
+async def test_an_ordered_group_hands_out_one_message_of_the_channel_at_a_time(
+    http: httpx.AsyncClient, server: Running
+) -> None:
+    a = await create(http, "ordered", group="O", ordered="true", start="first", max_inflight=5)
+    b = await create(http, "ordered", group="O", ordered="true", start="first", max_inflight=5)
+    await publish(http, "ordered", b"m1", b"m2")
+    first = await http.post(link(a, "next")["url"], headers={"Accept-Wait": "1"})
+    assert first.status_code == 200 and first.content == b"m1"
+    held = await http.post(link(b, "next")["url"], headers={"Accept-Wait": "0.3"})
+    assert held.status_code == 503, "m2 waits until m1 is acked, whoever asks"
+    assert (await ack(http, first)).status_code == 204
+    second = await http.post(link(b, "next")["url"], headers={"Accept-Wait": "1"})
+    assert second.status_code == 200 and second.content == b"m2"
+    refused = await http.post("/channels/ordered/pull-consumers", data={"ordered": "true"})
+    assert refused.status_code == 400 and "group" in refused.text
+    mixed = await http.post("/channels/ordered/pull-consumers", data={"group": "O"})
+    assert mixed.status_code == 409 and "order" in mixed.text, "a member that would not keep the order"

@@ -143,7 +143,7 @@ class PingResponse(_message.Message):
     def __init__(self, error: _Optional[str] = ...) -> None: ...
 
 class SubscriptionRequest(_message.Message):
-    __slots__ = ("clientID", "subject", "qGroup", "inbox", "maxInFlight", "ackWaitInSecs", "durableName", "startPosition", "startSequence", "startTimeDelta", "maxDeliver", "deadLetterChannel", "backoffMs", "maxInflightRedeliveries")
+    __slots__ = ("clientID", "subject", "qGroup", "inbox", "maxInFlight", "ackWaitInSecs", "durableName", "startPosition", "startSequence", "startTimeDelta", "maxDeliver", "deadLetterChannel", "backoffMs", "maxInflightRedeliveries", "ordered")
     CLIENTID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
     QGROUP_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +158,7 @@ class SubscriptionRequest(_message.Message):
     DEADLETTERCHANNEL_FIELD_NUMBER: _ClassVar[int]
     BACKOFFMS_FIELD_NUMBER: _ClassVar[int]
     MAXINFLIGHTREDELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    ORDERED_FIELD_NUMBER: _ClassVar[int]
     clientID: str
     subject: str
     qGroup: str
@@ -172,7 +173,8 @@ class SubscriptionRequest(_message.Message):
     deadLetterChannel: str
     backoffMs: _containers.RepeatedScalarFieldContainer[int]
     maxInflightRedeliveries: bool
-    def __init__(self, clientID: _Optional[str] = ..., subject: _Optional[str] = ..., qGroup: _Optional[str] = ..., inbox: _Optional[str] = ..., maxInFlight: _Optional[int] = ..., ackWaitInSecs: _Optional[int] = ..., durableName: _Optional[str] = ..., startPosition: _Optional[_Union[StartPosition, str]] = ..., startSequence: _Optional[int] = ..., startTimeDelta: _Optional[int] = ..., maxDeliver: _Optional[int] = ..., deadLetterChannel: _Optional[str] = ..., backoffMs: _Optional[_Iterable[int]] = ..., maxInflightRedeliveries: _Optional[bool] = ...) -> None: ...
+    ordered: bool
+    def __init__(self, clientID: _Optional[str] = ..., subject: _Optional[str] = ..., qGroup: _Optional[str] = ..., inbox: _Optional[str] = ..., maxInFlight: _Optional[int] = ..., ackWaitInSecs: _Optional[int] = ..., durableName: _Optional[str] = ..., startPosition: _Optional[_Union[StartPosition, str]] = ..., startSequence: _Optional[int] = ..., startTimeDelta: _Optional[int] = ..., maxDeliver: _Optional[int] = ..., deadLetterChannel: _Optional[str] = ..., backoffMs: _Optional[_Iterable[int]] = ..., maxInflightRedeliveries: _Optional[bool] = ..., ordered: _Optional[bool] = ...) -> None: ...
 
 class SubscriptionResponse(_message.Message):
     __slots__ = ("ackInbox", "error")
