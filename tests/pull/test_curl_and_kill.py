@@ -136,3 +136,28 @@ async def test_a_durable_pull_consumer_resumes_after_sigkill_with_its_unacked_me
             assert second.content == b"m3"
     finally:
         server.stop()
+
+
+@curl
+async def test_curl_members_of_an_ordered_group_get_a_channels_next_message_only_after_an_ack(
+    server: Running,
+) -> None:
+    base = f"http://127.0.0.1:{server.http_api_port}"
+    for text in ("one", "two"):
+        await run_curl("-X", "POST", "--data-binary", text, f"{base}/channels/seq/messages")
+    nexts = []
+    for _ in range(2):
+        status, _, links, _ = await run_curl(
+            "-X", "POST", "-d", "group=G&ordered=true&start=first&max_inflight=5", f"{base}/channels/seq/pull-consumers"
+        )
+        assert status == 201
+        nexts.append(rel(links, "next")[0])
+    status, _, links, body = await run_curl("-X", "POST", nexts[0])
+    assert status == 200 and body == b"one"
+    status, _, _, _ = await run_curl("-X", "POST", "-H", "Accept-Wait: 0.3", nexts[1])
+    assert status == 503, "two waits until one is acknowledged"
+    ack_url, tag = rel(links, "acknowledgement")
+    status, _, _, _ = await run_curl("-X", "POST", "-H", f'If-Match: "{tag}"', ack_url)
+    assert status == 204
+    status, _, _, body = await run_curl("-X", "POST", "-H", "Accept-Wait: 2", nexts[1])
+    assert status == 200 and body == b"two"
