@@ -1086,8 +1086,11 @@ class Engine(EffectsAccumulator):
         if info is None:
             return budget
         start = sub.last_sent
+        wild = sub.wild
         while budget and sub.last_sent < info.last_seq and not sub.stalled:
-            room = sub.room()
+            room = sub.window - len(sub.pending)  # `Sub.room`, inlined: a plain subscription's is this
+            if wild is not None:
+                room = min(room, wild.record.max_inflight - wild.count)
             batch = self._reader.read(sub.record.channel, sub.last_sent + 1, min(room, READ_BATCH, budget))
             if not batch:
                 sub.last_sent = info.last_seq  # the rest was evicted

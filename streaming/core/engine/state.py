@@ -75,8 +75,10 @@ class Sub:
 
     @property
     def stalled(self) -> bool:
+        if len(self.pending) >= self.window:
+            return True
         wild = self.wild
-        return len(self.pending) >= self.window or (wild is not None and wild.count >= wild.record.max_inflight)
+        return wild is not None and wild.count >= wild.record.max_inflight
 
     def room(self) -> int:
         """How many new messages it may take now (its window, and a wildcard's MaxInflight across its
