@@ -173,7 +173,7 @@ def run(kind: str, count: int, group_count: int) -> dict[str, float]:
 
 def main() -> None:
     parser = arguments(__doc__, quick="10,000 messages instead of 50,000")
-    parser.add_argument("--rounds", type=int, default=3, help="alternated pairs of runs (default 3)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of alternated runs (default 3)")
     args = parser.parse_args()
     console = Console(stderr=args.json)
     count = 10_000 if args.quick else 50_000

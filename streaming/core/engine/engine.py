@@ -1009,8 +1009,7 @@ class Engine(EffectsAccumulator):
         turn while it has room (each pump registers its group again if it stalls again)."""
         stalled = wild.stalled_groups
         while stalled and wild.count < wild.record.max_inflight:
-            group = next(iter(stalled))
-            del stalled[group]
+            group, _ = stalled.popitem(last=False)
             if group.members:
                 self._pump_group(group, now)
 
@@ -1025,8 +1024,7 @@ class Engine(EffectsAccumulator):
         limit = wild.record.max_inflight
         waiting = wild.waiting
         while waiting and budget and wild.count < limit:
-            turn = next(iter(waiting))
-            del waiting[turn]
+            turn, _ = waiting.popitem(last=False)
             each = self._subs.get(turn)
             if each is None or not each.online or each.wild is not wild or each.pending.due_count:
                 continue  # gone, or its redeliveries go first (its next pump puts it back in turn)

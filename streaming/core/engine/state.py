@@ -11,6 +11,7 @@ come.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Container
 
 import attrs
@@ -110,9 +111,12 @@ class Wildcard:
         self.online = online
         self.parts: dict[str, Sub] = {}  # channel -> its part
         self.count = 0  # pending messages across the parts
-        self.waiting: dict[int, None] = {}  # parts (sub ids) with new messages waiting for room, in turn
-        # A queue group member: the channels' groups that found no member with room, in turn.
-        self.stalled_groups: dict[Group, None] = {}
+        # Parts (sub ids) with new messages waiting for room, in turn; and for a queue group member, the
+        # channels' groups that found no member with room. OrderedDicts, not dicts: they are taken from
+        # the front one at a time, and a dict's first entry after deleting those before it is found by
+        # walking over their empty slots.
+        self.waiting: OrderedDict[int, None] = OrderedDict()
+        self.stalled_groups: OrderedDict[Group, None] = OrderedDict()
 
     def follows(self, channel: str) -> bool:
         """Whether `channel` is one of its channels (matched, and not excluded)."""
