@@ -298,9 +298,10 @@ class _StateCollector(Collector):
 
         views = running.api.views()
         subs = GaugeMetricFamily(f"{PREFIX}_subscriptions", "Subscriptions", labels=["state"])
-        online = sum(1 for v in views if v.online)
+        whole = [v for v in views if not v.record.parent_id]  # a wildcard subscription once, not per channel
+        online = sum(1 for v in whole if v.online)
         subs.add_metric(["online"], online)
-        subs.add_metric(["offline"], len(views) - online)
+        subs.add_metric(["offline"], len(whole) - online)
         yield subs
 
         pending = GaugeMetricFamily(
@@ -314,6 +315,8 @@ class _StateCollector(Collector):
         )
         by_group: dict[tuple[str, str], list[float]] = {}  # -> [pending, ack wait, stalled]
         for v in views:
+            if v.record.is_pattern:
+                continue  # counted on its channels, by its parts
             key = (v.record.channel, v.record.queue_group or v.record.durable_name)
             entry = by_group.setdefault(key, [0, 0, 0])
             entry[0] += v.pending_count

@@ -165,7 +165,7 @@ class Monitor:
                 "start_time": _rfc3339(self.started),
                 "uptime": _uptime(now - self.started),
                 "clients": len(running.stan.clients.records()),
-                "subscriptions": len(self._views()),
+                "subscriptions": sum(1 for v in self._views() if not v.record.parent_id),
                 "channels": len(channels),
                 "total_msgs": sum(c.msgs for c in channels),
                 "total_bytes": sum(c.bytes for c in channels),

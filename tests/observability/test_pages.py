@@ -103,3 +103,30 @@ def parse(text: str) -> dict[str, float]:
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
+
+
+async def test_a_wildcard_subscription_counts_once_and_shows_on_each_channel(tmp_path: Path) -> None:
+    from streaming.client import StartPosition, connect
+
+    async with running(config(tmp_path, http_port=-1)) as server:
+        async with (
+            connect("test-cluster", "wild-watch", port=server.port) as sc,
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}") as http,
+        ):
+            for channel in ("w.a", "w.b", "w.c"):
+                await sc.publish(channel, b"x")
+            sub = await sc.open_subscription("w.*", start_at=StartPosition.FIRST, manual_ack=True, max_inflight=10)
+            got = [await sub.next_msg() for _ in range(3)]
+            serverz = await get(http, "/streaming/serverz")
+            assert serverz["subscriptions"] == 1, "one subscription, however many channels it follows"
+            on_b = await get(http, "/streaming/channelsz?channel=w.b&subs=1")
+            assert [s["pending_count"] for s in on_b["subscriptions"]] == [1]
+            watch = await get(http, "/streaming/clientsz?client=wild-watch&subs=1")
+            assert sorted(watch["subscriptions"]) == ["w.*", "w.a", "w.b", "w.c"]
+            assert watch["subscriptions"]["w.*"][0]["pending_count"] == 3, "its pending over all its channels"
+            metrics = (await http.get("/metrics")).text
+            assert 'streaming_subscriptions{state="online"} 1.0' in metrics
+            assert 'streaming_ack_pending_messages{channel="w.a",group=""} 1.0' in metrics
+            assert 'channel="w.*"' not in metrics, "the pattern is counted on its channels, not as one"
+            for msg in got:
+                msg.ack()

@@ -201,13 +201,19 @@ class Engine(EffectsAccumulator):
         return [*self._subs, *self._wild]
 
     def views(self) -> list[SubscriptionView]:
-        """Every subscription as monitoring shows it (O(subscriptions); for scrapes, not hot paths)."""
-        return [
+        """Every subscription as monitoring shows it (O(subscriptions); for scrapes, not hot paths): a
+        wildcard subscription once with its pattern (its pending messages over all its channels), and
+        each of its parts on its channel (`record.parent_id` set)."""
+        views = [
             SubscriptionView(
                 attrs.evolve(sub.record, last_sent=self._position(sub)), sub.online, len(sub.pending), sub.stalled
             )
             for sub in self._subs.values()
         ]
+        for wild in self._wild.values():
+            full = wild.count >= wild.record.max_inflight
+            views.append(SubscriptionView(wild.record, wild.online, wild.count, full))
+        return views
 
     @property
     def inspect(self) -> Inspection:
