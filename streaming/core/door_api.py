@@ -290,6 +290,10 @@ class DoorApi:
     def subscription(self, sub_id: int) -> SubscriptionRecord | None:
         return self._core.engine.subscription(sub_id)
 
+    def holds(self, sub_id: int, seq: int) -> bool:
+        """Whether `seq` is pending on subscription `sub_id` (sent or waiting to be sent again)."""
+        return self._core.engine.holds(sub_id, seq)
+
     def is_wildcard(self, sub_id: int) -> bool:
         """Whether `sub_id` subscribes to a pattern: its acks must name the channel (`part_for`)."""
         return self._core.engine.is_wildcard(sub_id)

@@ -266,7 +266,12 @@ class PullDoor:
 
     def _open(self, live: PullConsumer) -> None:
         """Set the engine subscription's window to what the consumer can take now."""
-        window = live.consumer.window()
+        consumer = live.consumer
+        if consumer.naked:
+            # A nacked message the engine no longer holds here (evicted by a limit, or dead-lettered,
+            # while it waited out its delay) never comes back to this consumer: it stops counting.
+            consumer.naked = {seq for seq in consumer.naked if self.core.holds(live.sub_id, seq)}
+        window = consumer.window()
         if window == live.window or live.consumer.id not in self._consumers:
             return
         live.window = window

@@ -159,3 +159,31 @@ async def test_an_ordered_group_hands_out_one_message_of_the_channel_at_a_time(
     assert refused.status_code == 400 and "group" in refused.text
     mixed = await http.post("/channels/ordered/pull-consumers", data={"group": "O"})
     assert mixed.status_code == 409 and "order" in mixed.text, "a member that would not keep the order"
+
+
+async def test_a_nacked_message_evicted_while_it_waits_stops_counting_against_the_window(tmp_path: Path) -> None:
+    """A message nacked with a long delay and then evicted by the channel's limit never comes back:
+    the consumer must not keep room for it (the engine would otherwise send it a message no pull
+    asked for)."""
+    from streaming.config import ChannelConfig
+
+    limits = {"channels": {"tight": ChannelConfig(max_msgs=2)}}
+    async with (
+        running(pull_config(tmp_path / "data", **limits)) as server,
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_api_port}") as http,
+    ):
+        await publish(http, "tight", b"m1")
+        made = await create(http, "tight", start="first", max_inflight=5)
+        first = await http.post(link(made, "next")["url"], headers={"Accept-Wait": "1"})
+        assert first.content == b"m1"
+        nacked = await http.post(
+            link(first, "acknowledgement")["url"],
+            headers={"If-Match": f'"{link(first, "acknowledgement")["etag"]}"'},
+            data={"acknowledge": "false", "delay": "600"},
+        )
+        assert nacked.status_code == 204
+        await publish(http, "tight", b"m2", b"m3")  # m1 leaves the channel: max_msgs is 2
+        second = await http.post(link(first, "next")["url"], headers={"Accept-Wait": "1"})
+        assert second.content == b"m2"
+        assert (await ack(http, second)).status_code == 204
+        assert pending(server, "tight") == 0, "m3 was sent to a consumer that is not pulling"

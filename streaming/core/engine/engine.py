@@ -175,6 +175,10 @@ class Engine(EffectsAccumulator):
         sub = self._subs.get(sub_id)
         return sub_id, (sub.record if sub is not None else self._wild[sub_id].record).client_id
 
+    def holds(self, sub_id: int, seq: int) -> bool:
+        sub = self._subs.get(sub_id)
+        return sub is not None and seq in sub.pending
+
     def is_wildcard(self, sub_id: int) -> bool:
         return sub_id in self._wild
 
