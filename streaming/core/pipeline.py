@@ -35,6 +35,7 @@ from streaming.core.engine import DeadLetter, Engine, SubscribeRequest
 from streaming.core.errors import ChannelBeingDeleted, RequestError
 from streaming.core.observers import ServerObserver
 from streaming.core.outbound import Outcome, Publish, ToDoors
+from streaming.wire.subjects import has_wildcard, matches
 
 log = logging.getLogger(__name__)
 _first = itemgetter(0)
@@ -184,12 +185,21 @@ class Pipeline:
     def subscribe(self, request: SubscribeRequest, answer: Callable[[int], None]) -> int:
         """Add a subscription; `answer(sub_id)` (the door's response to the request) runs before any
         of its deliveries go out."""
-        if request.channel in self._deleting:
+        if request.channel in self._deleting or (self._deleting and self._matches_deleting(request.channel)):
             raise ChannelBeingDeleted()
         sub_id = self.engine.subscribe(request, self.clock(), self._wall_ns())
         answer(sub_id)
         self._changed()
         return sub_id
+
+    def _matches_deleting(self, channel: str) -> bool:
+        """Whether `channel` is a pattern that matches a channel being deleted (it would follow a
+        channel whose subscriptions are being removed: refused, as a subscription to that channel is,
+        for the moment the deletion takes)."""
+        if not has_wildcard(channel):
+            return False
+        pattern = channel.split(".")
+        return any(matches(pattern, name.split(".")) for name in self._deleting)
 
     def unsubscribe(self, sub_id: int, *, close: bool = False) -> None:
         """Remove a subscription (`close`: keep a durable's position for its return)."""

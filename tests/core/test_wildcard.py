@@ -12,6 +12,7 @@ import pytest
 
 from storage import ChannelLimits, LmdbStore, StartPosition, StoreLimits, SubOptions
 from streaming.core.engine import Reason, RequestError
+from streaming.core.errors import ChannelBeingDeleted
 from tests.core.harness import Harness
 
 NEW, RESTART = Reason.NEW, Reason.RESTART
@@ -287,3 +288,13 @@ def test_an_empty_durable_wildcard_group_keeps_every_channel_across_a_restart(tm
     assert redelivered == [("a.x", 2), ("a.y", 1), ("a.y", 2)], "every unacked message, none twice"
     assert sorted((c, s) for c, s, _, reason in sent if reason is NEW) == [("a.x", 3), ("a.z", 1)]
     h.store.close()
+
+
+def test_a_pattern_matching_a_channel_being_deleted_is_refused_for_that_moment() -> None:
+    h = Harness()
+    h.client()
+    h.publish("a.x", count=1)
+    with h.pipeline.deleting("a.x"), pytest.raises(ChannelBeingDeleted):
+        h.subscribe("a.*")
+    with h.pipeline.deleting("b.x"):
+        h.subscribe("a.*")  # another family: taken
