@@ -39,6 +39,7 @@ from streaming.ft.store import NotActiveError
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 _WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed Nats-Expected-Last-Sequence
+_NO_PEERS_FOR_PLACEMENT = 10005  # JetStream: the cluster knows too few nodes for the replicas (yet)
 _KEY = "active"
 
 
@@ -189,7 +190,10 @@ class GroupLog:
                 if loop.time() > deadline:
                     raise GroupError(f"JetStream is not available: {exc.description}") from None
             except nats.js.errors.APIError as exc:
-                raise GroupError(f"stream {self.stream}: {exc.description}") from None
+                # "No suitable peers for placement": the cluster's meta leader does not know enough of
+                # its nodes yet (they are still meeting, on a busy machine for seconds). Else, final.
+                if exc.err_code != _NO_PEERS_FOR_PLACEMENT or loop.time() > deadline:
+                    raise GroupError(f"stream {self.stream}: {exc.description}") from None
             except nats.errors.TimeoutError:
                 if loop.time() > deadline:
                     raise GroupError("JetStream did not answer (too few nodes up for the replicas?)") from None
@@ -221,6 +225,8 @@ class GroupLog:
         except nats.js.errors.BucketNotFoundError:
             self._kv = await self._js.create_key_value(bucket=self.bucket, history=1, replicas=self.replicas)
         except nats.js.errors.APIError as exc:
+            if exc.err_code == _NO_PEERS_FOR_PLACEMENT:
+                raise  # the cluster is still forming: tried again
             raise GroupError(f"lease bucket {self.bucket}: {exc.description}") from None
 
     # -- the log ----------------------------------------------------------------------------------
