@@ -131,3 +131,13 @@ def test_node_client_follows_a_wildcard_unmodified(lmdb_server: ServerProcess) -
         ("node.wild.c", 1, "c1"),
     ]
     assert result["total"] == 6, "nothing more: every ack reached its channel"
+
+
+@node
+def test_node_clients_share_a_pattern_in_a_queue_group(lmdb_server: ServerProcess) -> None:
+    result = run_node("wildcard_queue", lmdb_server.port, "node.wq")
+    a, b = result["a"], result["b"]
+    assert isinstance(a, list) and isinstance(b, list)
+    expected = [f"node.wq.even#{n}" for n in range(1, 6)] + [f"node.wq.odd#{n}" for n in range(1, 6)]
+    assert sorted(a + b) == sorted(expected), "each message of each channel exactly once over the group"
+    assert a and b, "both members got work"

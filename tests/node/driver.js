@@ -136,6 +136,28 @@ const scenarios = {
     sub.unsubscribe();
     return { first: one, second: two, total: seen.length };
   },
+  async wildcard_queue(sc) {
+    // Two members of a queue group on `<channel>.*`: each message of every channel once over the
+    // group, each acked by the member it went to (its Ack naming the message's channel).
+    const opts = () => sc.subscriptionOptions().setManualAckMode(true).setAckWait(2000);
+    const a = sc.subscribe(`${channel}.*`, 'workers', opts());
+    const b = sc.subscribe(`${channel}.*`, 'workers', opts());
+    await Promise.all([ready(a), ready(b)]);
+    const seen = { a: [], b: [] };
+    const all = new Promise((resolve) => {
+      const on = (name) => (m) => {
+        m.ack();
+        seen[name].push(`${m.getSubject()}#${m.getSequence()}`);
+        if (seen.a.length + seen.b.length === 10) resolve();
+      };
+      a.on('message', on('a'));
+      b.on('message', on('b'));
+    });
+    for (let i = 0; i < 10; i++) await publish(sc, `${channel}.${i % 2 ? 'odd' : 'even'}`, `q${i}`);
+    await all;
+    await new Promise((r) => setTimeout(r, 2500)); // past AckWait: nothing may come again
+    return seen;
+  },
   async failover(sc) {
     // Across the loss of the NATS node it is on: pytest kills that node after "kill now".
     const sub = sc.subscribe(channel, sc.subscriptionOptions().setManualAckMode(true).setDeliverAllAvailable());
