@@ -31,12 +31,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import psutil  # noqa: E402
 import trio  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
 from bench.load import jetstream_publish, publish_pipelined  # noqa: E402
+from bench.node_clients import ServerCpu  # noqa: E402
 from bench.report import arguments, machine, print_report, progress, spread_ms  # noqa: E402
 from streaming.client import StartPosition, connect  # noqa: E402
 
@@ -80,17 +80,13 @@ class Tally:
         }
 
 
-def _cpu(pid: int) -> float:
-    times = psutil.Process(pid).cpu_times()
-    return float(times.user + times.system)
-
-
 async def _ours(port: int, pid: int, count: int) -> dict[str, float]:
     tally = Tally(count)
     async with connect("test-cluster", "bench-nak", port=port) as sc:
         await publish_pipelined(sc, "naks", count, PAYLOAD)
         await sc.wait_pub_acks()
-        cpu = _cpu(pid)
+        cpu = ServerCpu(pid)
+        cpu.start()
         async with sc.subscribe(
             "naks", start_at=StartPosition.FIRST, ack_wait=30, max_inflight=count + 1, manual_ack=True
         ) as sub:
@@ -102,13 +98,13 @@ async def _ours(port: int, pid: int, count: int) -> dict[str, float]:
                         msg.nak(DELAY)
                     else:
                         msg.ack()
-            cpu = _cpu(pid) - cpu
+            cpu.stop()
             with trio.move_on_after(LINGER):
                 while True:
                     msg = await sub.next_msg()
                     tally.arrived(msg.seq)
                     msg.ack()
-    return {**tally.figures(), "server_us_per_msg": round(cpu / count * 1e6, 2)}
+    return {**tally.figures(), "server_us_per_msg": round(cpu.seconds / count * 1e6, 2)}
 
 
 async def _jetstream(port: int, pid: int, count: int) -> dict[str, float]:
@@ -135,15 +131,16 @@ async def _jetstream(port: int, pid: int, count: int) -> dict[str, float]:
     config = ConsumerConfig(
         ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_ack_pending=count + 1, deliver_policy=DeliverPolicy.ALL
     )
-    cpu = _cpu(pid)
+    cpu = ServerCpu(pid)
+    cpu.start()
     sub = await js.subscribe("naks", durable="n", config=config, cb=on_msg, manual_ack=True)
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(back.wait(), LIMIT)
-    cpu = _cpu(pid) - cpu
+    cpu.stop()
     await asyncio.sleep(LINGER)
     await sub.unsubscribe()
     await nc.close()
-    return {**tally.figures(), "server_us_per_msg": round(cpu / count * 1e6, 2)}
+    return {**tally.figures(), "server_us_per_msg": round(cpu.seconds / count * 1e6, 2)}
 
 
 def run(system: str, count: int) -> dict[str, float]:

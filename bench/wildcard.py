@@ -43,11 +43,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import psutil  # noqa: E402
 import trio  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
+from bench.node_clients import ServerCpu  # noqa: E402
 from bench.report import arguments, machine, print_report, progress  # noqa: E402
 from streaming.client import StanClient, StartPosition, Subscription, connect  # noqa: E402
 
@@ -58,11 +58,6 @@ MEMBERS = 8
 LIMIT = 120.0
 KINDS = ("wildcard", "wildcard_shared", "plain", "ordered", "unordered")
 SERVER_FLAGS = ("--max_channels", "0", "--max_subs", "0")
-
-
-def _cpu(pid: int) -> float:
-    times = psutil.Process(pid).cpu_times()
-    return float(times.user + times.system)
 
 
 async def _publish(port: int, count: int, prefix: str, channels: int) -> None:
@@ -85,18 +80,20 @@ async def _consume(kind: str, port: int, pid: int, count: int) -> dict[str, floa
     counter = [0]
     done = trio.Event()
     async with connect("test-cluster", f"bench-wild-{kind}", port=port) as sc:
-        cpu, started = _cpu(pid), time.perf_counter()
+        cpu, started = ServerCpu(pid), time.perf_counter()
+        cpu.start()
         async with trio.open_nursery() as nursery:
             subs = await _subscribe(sc, kind)
             for sub in subs:
                 nursery.start_soon(_drain, sub, counter, count, done)
             with trio.move_on_after(LIMIT):
                 await done.wait()
-            elapsed, cpu = time.perf_counter() - started, _cpu(pid) - cpu
+            elapsed = time.perf_counter() - started
+            cpu.stop()
             nursery.cancel_scope.cancel()
     if counter[0] < count:
         raise RuntimeError(f"{kind}: {counter[0]} of {count} messages within {LIMIT:.0f} s")
-    return {"msgs_per_s": round(count / elapsed), "server_us_per_msg": round(cpu / count * 1e6, 2)}
+    return {"msgs_per_s": round(count / elapsed), "server_us_per_msg": round(cpu.seconds / count * 1e6, 2)}
 
 
 async def _subscribe(sc: StanClient, kind: str) -> list[Subscription]:
@@ -138,7 +135,8 @@ async def _group(kind: str, port: int, pid: int, count: int) -> dict[str, float]
     order, done = Order(), trio.Event()
     async with contextlib.AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(connect("test-cluster", f"m{i}", port=port)) for i in range(MEMBERS)]
-        cpu, started = _cpu(pid), time.perf_counter()
+        cpu, started = ServerCpu(pid), time.perf_counter()
+        cpu.start()
         async with trio.open_nursery() as nursery:
             for sc in clients:
                 sub = await sc.open_subscription(
@@ -152,13 +150,14 @@ async def _group(kind: str, port: int, pid: int, count: int) -> dict[str, float]
                 nursery.start_soon(_member, sub, order, count, done)
             with trio.move_on_after(LIMIT):
                 await done.wait()
-            elapsed, cpu = time.perf_counter() - started, _cpu(pid) - cpu
+            elapsed = time.perf_counter() - started
+            cpu.stop()
             nursery.cancel_scope.cancel()
     if order.count < count:
         raise RuntimeError(f"{kind}: {order.count} of {count} messages within {LIMIT:.0f} s")
     return {
         "msgs_per_s": round(count / elapsed),
-        "server_us_per_msg": round(cpu / count * 1e6, 2),
+        "server_us_per_msg": round(cpu.seconds / count * 1e6, 2),
         "order_violations": order.violations,
     }
 
