@@ -357,15 +357,16 @@ class StanDoor:
 
     def _on_acks(self, subject: str, reply: str, payloads: list[bytes], origin: Origin) -> None:
         """Acks sent to one subscription's ack inbox, one or a run of them from one connection: the
-        sender is checked once, and the acks go to the engine together (one fill of the subscription)."""
+        sender is checked once, and the acks go to the engine together (one fill of the subscription).
+        A wildcard subscription's acks each name their message's channel (STAN's `Ack.subject`), whose
+        part of the subscription they settle; a run on one channel goes together."""
         sub_id = self._acker(subject, origin)
         if sub_id is None:
             return
         decode = pb.Ack.FromString
         core = self.core
-        if core.is_wildcard(sub_id):
-            self._wildcard_acks(sub_id, subject, payloads)
-            return
+        wild = core.is_wildcard(sub_id)
+        part = sub_id
         seqs: list[int] = []
         for payload in payloads:
             try:
@@ -373,40 +374,21 @@ class StanDoor:
             except Exception:
                 log.info("ignored an undecodable ack on %s", subject)
                 continue
-            if ack.inProgress:
-                if seqs:  # in their order: acks before it settle first
-                    core.ack_many(sub_id, seqs)
-                    seqs = []
-                core.ack_progress(sub_id, ack.sequence)
-            else:
-                seqs.append(ack.sequence)
-        if seqs:
-            core.ack_many(sub_id, seqs)
-
-    def _wildcard_acks(self, sub_id: int, subject: str, payloads: list[bytes]) -> None:
-        """`_on_acks` for a wildcard subscription: each ack names its message's channel (STAN's
-        `Ack.subject`), whose part of the subscription it settles; runs on one channel go together."""
-        core = self.core
-        part: int | None = None
-        seqs: list[int] = []
-        for payload in payloads:
-            try:
-                ack = pb.Ack.FromString(payload)
-            except Exception:
-                log.info("ignored an undecodable ack on %s", subject)
-                continue
-            target = core.part_for(sub_id, ack.subject)
+            target = core.part_for(sub_id, ack.subject) if wild else sub_id
             if target is None:
-                continue  # a channel it does not follow (any more): nothing to settle
-            if target != part or ack.inProgress:
-                if seqs and part is not None:
+                continue  # a channel the wildcard does not follow (any more): nothing to settle
+            if target != part:
+                if seqs:
                     core.ack_many(part, seqs)
                 part, seqs = target, []
             if ack.inProgress:
-                core.ack_progress(target, ack.sequence)
+                if seqs:  # in their order: acks before it settle first
+                    core.ack_many(part, seqs)
+                    seqs = []
+                core.ack_progress(part, ack.sequence)
             else:
                 seqs.append(ack.sequence)
-        if seqs and part is not None:
+        if seqs:
             core.ack_many(part, seqs)
 
     def _acker(self, ack_inbox: str, origin: Origin) -> int | None:
