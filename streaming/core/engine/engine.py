@@ -484,7 +484,7 @@ class Engine(EffectsAccumulator):
 
     def _new_wildcard(self, request: SubscribeRequest, wild_group: WildGroup | None, wall_unix_ns: int) -> Wildcard:
         record = self._record_for(request, 0)
-        wild = Wildcard(record, request.exclude, online=True, group=wild_group)
+        wild = Wildcard(record, online=True, group=wild_group)
         self._wild[record.sub_id] = wild
         self._updates.append(SaveSubscription(record))
         self._emit_if(SubscriptionCreated(ref(record), resumed=False))
@@ -1363,7 +1363,7 @@ class Engine(EffectsAccumulator):
                 )
             if not online and (wild_group.shadow is not None or wild_group.members):
                 return None  # the group lives on in others: what it held goes to them
-        wild = self._wild[record.sub_id] = Wildcard(record, record.exclude, online, wild_group)
+        wild = self._wild[record.sub_id] = Wildcard(record, online, wild_group)
         if wild_group is not None:
             if online:
                 wild_group.members.append(wild)

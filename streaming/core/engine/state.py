@@ -96,18 +96,17 @@ class Wildcard:
 
     MaxInflight bounds the messages pending across all its channels (`count`, kept by each part's
     `SharedPendingSet`); parts that have new messages but no room wait in `waiting`, in turn, for the
-    room an ack makes. `exclude`: patterns of channels it may not follow (its user's denied subjects).
+    room an ack makes. `exclude`: its record's patterns of channels it may not follow (its user's
+    denied subjects), split into tokens.
     """
 
     __slots__ = ("count", "exclude", "group", "online", "parts", "record", "stalled_groups", "tokens", "waiting")
 
-    def __init__(
-        self, record: SubscriptionRecord, exclude: tuple[str, ...], online: bool, group: WildGroup | None = None
-    ) -> None:
+    def __init__(self, record: SubscriptionRecord, online: bool, group: WildGroup | None = None) -> None:
         self.record = record
         self.group = group  # the wildcard queue group it is a member (or the shadow) of
         self.tokens = record.channel.split(".")
-        self.exclude = [pattern.split(".") for pattern in exclude]
+        self.exclude = [pattern.split(".") for pattern in record.exclude]
         self.online = online
         self.parts: dict[str, Sub] = {}  # channel -> its part
         self.count = 0  # pending messages across the parts
