@@ -593,8 +593,9 @@ class Engine(EffectsAccumulator):
             self._pump_sub(part, now)
 
     def _leave_wildcard(self, wild: Wildcard, now: float, *, keep_durable: bool) -> None:
-        """Unsubscribe or close a wildcard subscription: every part with it (a closed durable keeps
-        each part's position and pending messages for its return)."""
+        """Unsubscribe or close a wildcard subscription: each part leaves its channel as a subscription
+        (or a queue member) does. A closed durable, or the last member of a durable wildcard group,
+        keeps every part's position and pending messages for its return."""
         record = wild.record
         self._by_ack_inbox.pop(record.ack_inbox, None)
         client = self._clients.get(record.client_id)
@@ -602,61 +603,30 @@ class Engine(EffectsAccumulator):
             client.subs.discard(record.sub_id)
         wild.waiting.clear()
         wild.stalled_groups.clear()
-        if wild.group is not None:
-            self._leave_wild_group(wild, wild.group, now, keep_durable=keep_durable)
-            return
-        keep = record.is_durable and keep_durable
-        for channel, part in list(wild.parts.items()):
-            self._activity.touched(channel, now)
-            self._timers.add(part.record.sub_id)
-            self._plain.get(channel, {}).pop(part.record.sub_id, None)
-            if keep:
-                if part.online:
-                    part.online = False
-                    part.record = attrs.evolve(part.record, is_closed=True)
-                    self._updates.append(SaveSubscription(attrs.evolve(part.record, last_sent=part.last_sent)))
-            else:
-                self._delete_part(part)
-        if keep:
-            wild.online = False
-            wild.record = attrs.evolve(record, is_closed=True)
-            self._updates.append(SaveSubscription(wild.record))
-            self._emit_if(SubscriptionClosed(ref(record)))
-            return
-        del self._wild[record.sub_id]
-        self._wild_durables.pop((record.client_id, record.channel, record.durable_name), None)
-        self._updates.append(DeleteSubscription(record.sub_id))
-        self._emit_if(SubscriptionRemoved(ref(record)))
-
-    def _leave_wild_group(self, wild: Wildcard, wild_group: WildGroup, now: float, *, keep_durable: bool) -> None:
-        """A member leaves a wildcard queue group: on each channel its part leaves that channel's group
-        (handing its messages to the others); the last member of a durable group, closed, stays as the
-        group's shadow with every part."""
-        record = wild.record
-        wild_group.members.remove(wild)
-        last = not wild_group.members
-        keep = last and wild_group.durable and keep_durable
+        wild_group = wild.group
+        if wild_group is not None:
+            wild_group.members.remove(wild)
+            keep = not wild_group.members and wild_group.durable and keep_durable
+        else:
+            keep = record.is_durable and keep_durable
         for part in list(wild.parts.values()):
             self._leave(part, now, keep_durable=keep)
         if keep:
             wild.online = False
             wild.record = attrs.evolve(record, is_closed=True)
-            wild_group.shadow = wild
+            if wild_group is not None:
+                wild_group.shadow = wild
             self._updates.append(SaveSubscription(wild.record))
             self._emit_if(SubscriptionClosed(ref(record)))
             return
         wild.parts.clear()
         del self._wild[record.sub_id]
-        if last:
+        if wild_group is None:
+            self._wild_durables.pop((record.client_id, record.channel, record.durable_name), None)
+        elif not wild_group.members:
             del self._wild_groups[(wild_group.pattern, wild_group.key)]
         self._updates.append(DeleteSubscription(record.sub_id))
         self._emit_if(SubscriptionRemoved(ref(record)))
-
-    def _delete_part(self, part: Sub) -> None:
-        record = part.record
-        del self._subs[record.sub_id]
-        del self._by_channel[record.channel][record.sub_id]
-        self._updates.append(DeleteSubscription(record.sub_id))
 
     # -- leaving -------------------------------------------------------------------------------
 
