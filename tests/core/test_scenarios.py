@@ -26,6 +26,7 @@ from storage import (
     StoreLimits,
 )
 from streaming.core.engine import Reason, RequestError, reader
+from streaming.core.engine.state import share_out
 from tests.core.harness import Harness, S
 
 NEW, TIMEOUT, LEFT, RESTART, RESUME = (
@@ -162,6 +163,49 @@ def test_equally_loaded_queue_members_share_work_evenly(members: int, messages: 
             h.ack(sub, *seqs)
     assert sum(counts.values()) == messages
     assert max(counts.values()) - min(counts.values()) <= 1, counts
+
+
+def _one_by_one(loads: list[int], rooms: list[int], count: int) -> list[int]:
+    """How many each member gets when each message goes to the least loaded member with room left,
+    ties to the earlier one: the choice made message by message."""
+    given = [0] * len(loads)
+    for _ in range(count):
+        best = None
+        for i, (load, room) in enumerate(zip(loads, rooms, strict=True)):
+            if given[i] < room and (best is None or load + given[i] < loads[best] + given[best]):
+                best = i
+        if best is None:
+            break
+        given[best] += 1
+    return given
+
+
+@given(
+    members=st.lists(st.tuples(st.integers(0, 12), st.integers(1, 12)), min_size=1, max_size=6),
+    count=st.integers(1, 80),
+)
+def test_a_read_is_shared_out_as_message_by_message_choices_would(members: list[tuple[int, int]], count: int) -> None:
+    loads, rooms = [load for load, _ in members], [room for _, room in members]
+    given, last_round = share_out(loads, rooms, count)
+    assert given == _one_by_one(loads, rooms, count)
+    assert last_round == sorted(last_round)
+
+
+def test_a_burst_goes_to_idle_members_as_one_block_each_in_order() -> None:
+    h = Harness()
+    h.client()
+    members = [h.subscribe(queue="g", max_inflight=10) for _ in range(4)]
+    first = 1
+    # Message by message the 25th would go to the first member, so the next burst starts at the second.
+    for burst, counts in ((25, [7, 6, 6, 6]), (22, [5, 6, 6, 5])):
+        h.publish("foo", count=burst)
+        got = [h.seqs(m) for m in members]
+        assert [len(seqs) for seqs in got] == counts
+        blocks = sorted(got)
+        assert [seq for seqs in blocks for seq in seqs] == list(range(first, first + burst)), "blocks, in order"
+        for m, seqs in zip(members, got, strict=True):
+            h.ack(m, *seqs)
+        first += burst
 
 
 def test_queue_max_inflight_and_unstalled_on_acks() -> None:

@@ -1099,15 +1099,15 @@ class Engine(EffectsAccumulator):
         if info is None:
             return
         receivers: dict[int, Sub] = {}
-        shares: dict[int, list[int]] = {}  # member -> the sequences it was sent, in order
-        member: Sub | None
         failed = self._failing(group)  # once: no client's heartbeat state changes during a pump
         while group.last_sent < info.last_seq:
             if not budget:
                 self._more[group.members[0].record.sub_id] = now
                 break
-            member = group.pick(for_new=True, failed=failed)
-            if member is None:
+            # Share out no more than the members can take: after an ack that is one message, not a batch.
+            wanted = 1 if group.ordered else min(READ_BATCH, budget, info.last_seq - group.last_sent)
+            plan = group.share(wanted, failed)
+            if not plan:
                 # Every member is stalled: the group is stalled (no store lookups). Members that are
                 # wildcards stall on MaxInflight over all their channels: the room an ack makes on
                 # another channel must bring this one's pump back (`_serve_stalled_groups`).
@@ -1115,54 +1115,30 @@ class Engine(EffectsAccumulator):
                     if m.wild is not None:
                         m.wild.stalled_groups[group] = None
                 break
-            # Read no more than the members can take: after an ack that is one message, not a batch.
-            room = 1 if group.ordered else self._group_room(group, failed)
-            batch = self._reader.read(group.channel, group.last_sent + 1, min(room, READ_BATCH, budget))
+            batch = self._reader.read(group.channel, group.last_sent + 1, sum(n for _, n in plan))
             if not batch:
                 group.last_sent = info.last_seq
                 break
             budget -= len(batch)
-            # `_send` of each message, inlined: members take a read one message at a time, and a
-            # call per message showed in a queue group's consume (bench/README.md, *Figures behind
-            # choices*).
-            # Each member's share is stored as one run, after the loop.
-            deliveries, new = self._deliveries, Reason.NEW
-            observed = bool(self._observers)
-            for message in batch:
-                if member is None:  # picked only when there is a message for it: a pick rotates ties
-                    member = group.pick(for_new=True, failed=failed)
-                    if member is None:
-                        break
-                seq, sub_id = message.seq, member.record.sub_id
-                delay = member.delay(1)
-                member.pending.sent_first(seq, delay, now + delay)
-                deliveries.append(Delivery(sub_id, member.record.inbox, message, 1, new))
-                if observed:  # one event each: observers hear the group's deliveries in order
-                    self._emit(Delivered(member.ref, seq, 1, new, delay))
-                seqs = shares.get(sub_id)
-                if seqs is None:
-                    shares[sub_id] = [seq]
-                    receivers[sub_id] = member
-                else:
-                    seqs.append(seq)
-                group.last_sent = seq
-                member = None
+            # Each member's block goes out as one run (one delay, one pending run, one event), in the
+            # channel's order: observers hear the group's deliveries in order.
+            start = 0
+            for member, n in plan:
+                block = batch[start : start + n]
+                if not block:
+                    break  # a limit evicted some of what was planned
+                self._send_first(member, block, now)
+                receivers[member.record.sub_id] = member
+                start += n
+            group.last_sent = batch[-1].seq
             if group.ordered:
                 break
-        self._timers.update(receivers)
-        for sub_id, seqs in shares.items():  # the entries go before the positions that pass them
-            self._updates.append(SetPendingRun(sub_id, seqs))
         for sub_id, receiver in receivers.items():
             receiver.last_sent = group.last_sent
             self._updates.append(SetLastSent(sub_id, group.last_sent))
 
-    @staticmethod
-    def _group_room(group: Group, failed: list[Sub]) -> int:
-        """How many new messages the group's members can take now."""
-        return sum(m.room() for m in group.members if not m.stalled and not m.pending.due_count and m not in failed)
-
-    def _pick(self, group: Group, *, for_new: bool) -> Sub | None:
-        return group.pick(for_new=for_new, failed=self._failing(group))
+    def _pick(self, group: Group) -> Sub:
+        return group.pick(failed=self._failing(group))
 
     def _failing(self, group: Group) -> list[Sub]:
         """The members of `group` whose clients fail heartbeats."""
@@ -1258,8 +1234,8 @@ class Engine(EffectsAccumulator):
         moving = [(seq, Reason.NAK) for seq in released]
         moving += [(seq, Reason.ACK_TIMEOUT) for seq, _ in expired]
         for seq, reason in moving:
-            target = self._pick(group, for_new=False)
-            if target is not None and target is not sub:
+            target = self._pick(group)
+            if target is not sub:
                 attempt = sub.pending.attempt(seq)
                 self._forget(sub, seq)
                 self._give(target, seq, attempt, reason)

@@ -1,12 +1,13 @@
 """What the engine holds per subscription, queue group and client (sans-IO records, no behaviour but
 their own arithmetic and a group's choice of member), and the requests it is given.
 
-Queue groups: members share one position and take turns; `Group.pick` is who gets the next message.
-A message goes to the member with the fewest pending messages that is not failing heartbeats (and,
-for a new message, not stalled at MaxInflight (or its window) and with nothing due); ties rotate
-round-robin. When a member leaves, its pending messages go round-robin to the others, due at once
-(the engine's `_hand_over`); an empty durable group keeps its state as a "shadow" for the members to
-come.
+Queue groups: members share one position and take turns. A new message goes to the member with the
+fewest pending messages that is not failing heartbeats, not stalled at MaxInflight (or its window)
+and has nothing due; ties go in turn. `Group.share` hands out a read's messages that way as one block
+per member (the counts a message-by-message choice would give). A message that comes back after
+AckWait or a nak goes to the member `Group.pick` chooses, and a leaving member's go round-robin to the
+others (the engine's `_hand_over`), due at once. An empty durable group keeps its state as a "shadow"
+for the members to come.
 """
 
 from __future__ import annotations
@@ -189,30 +190,89 @@ class Group:
         """Whether a member has a message of the group pending (an ordered group sends nothing new then)."""
         return any(len(member.pending) for member in self.members)
 
-    def pick(self, *, for_new: bool, failed: Container[Sub] = ()) -> Sub | None:
-        """The member to send to (None: none can take a new message now); `failed`: the members
-        failing heartbeats (found once by the caller: a pump picks once per message)."""
+    def pick(self, *, failed: Container[Sub] = ()) -> Sub:
+        """The member to give a message back to (one that came back after AckWait or a nak): the one
+        with the fewest pending that is not failing heartbeats, ties in turn; `failed`: the members
+        failing heartbeats."""
         best: Sub | None = None
         fewest = 0
         for member in self.members:
-            pending = member.pending
-            size = len(pending)
-            wild = member.wild
-            if wild is not None:  # a wildcard group's member: its load is over all its channels
-                if for_new and wild.count >= wild.record.max_inflight:
-                    continue
-                size = wild.count
-            if member in failed or (for_new and (len(pending) >= member.window or pending.due_count)):
+            if member in failed:
                 continue
+            size = len(member.pending) if member.wild is None else member.wild.count
             if best is None or size < fewest:
                 best, fewest = member, size
         if best is None:
-            if for_new:
-                return None
             best = self.members[0]
         if best is self.members[0] and len(self.members) > 1:
             self.members.append(self.members.pop(0))
         return best
+
+    def share(self, count: int, failed: Container[Sub] = ()) -> list[tuple[Sub, int]]:
+        """How `count` new messages go to the members: as a message-by-message choice of the member
+        with the fewest pending (ties in turn) would spread them, but as blocks, (member, how many) in
+        turn. Only members with room and nothing due take new messages, and none past its room, so the
+        blocks may add up to fewer than `count` (none: no member can take one now). The members that
+        took some go to the back of the turn, in order."""
+        loads: list[int] = []
+        rooms: list[int] = []
+        takers: list[Sub] = []
+        for member in self.members:
+            if member in failed or member.pending.due_count:
+                continue
+            room = member.room()
+            if room > 0:
+                wild = member.wild
+                loads.append(len(member.pending) if wild is None else wild.count)
+                rooms.append(room)
+                takers.append(member)
+        if not takers:
+            return []
+        given, last = share_out(loads, rooms, count)
+        plan = [(member, n) for member, n in zip(takers, given, strict=True) if n]
+        if len(self.members) > 1:
+            # The turn goes on from where a message-by-message choice would leave it: those served
+            # go to the back, the ones that took a message in its last round last of all.
+            latest = [takers[i] for i in last]
+            back = [m for m, _ in plan if m not in latest] + latest
+            self.members = [m for m in self.members if m not in back] + back
+        return plan
+
+
+def share_out(loads: list[int], rooms: list[int], count: int) -> tuple[list[int], list[int]]:
+    """How many of `count` each of these members takes when each one goes to the least loaded member
+    with room left, ties to the earlier member: the lowest loads are raised level by level (water
+    filling), so the work is per level, not per message. Also which members took one in the last,
+    unfinished round of equal shares (none when it finished)."""
+    given = [0] * len(loads)
+    order = sorted(range(len(loads)), key=loads.__getitem__)  # stable: ties keep their turn
+    level = loads[order[0]]
+    active: list[int] = []  # members at `level` with room left, in turn
+    joined = 0
+    while count:
+        while joined < len(order) and loads[order[joined]] <= level:
+            active.append(order[joined])
+            joined += 1
+        active = [i for i in active if given[i] < rooms[i]]
+        if not active:
+            if joined == len(order):
+                break
+            level = loads[order[joined]]
+            continue
+        step = min(rooms[i] - given[i] for i in active)
+        if joined < len(order):
+            step = min(step, loads[order[joined]] - level)
+        if step * len(active) >= count:  # the last level: an equal part each, the rest to the first in turn
+            each, rest = divmod(count, len(active))
+            turn = sorted(active)
+            for rank, i in enumerate(turn):
+                given[i] += each + (rank < rest)
+            return given, turn[:rest]
+        for i in active:
+            given[i] += step
+        count -= step * len(active)
+        level += step
+    return given, []
 
 
 def group_key(request_durable: str, queue_group: str) -> str:
