@@ -54,6 +54,7 @@ from storage.records import (
     SubscriptionRecord,
     SubUpdate,
     net_effect,
+    split_at,
 )
 
 if TYPE_CHECKING:
@@ -149,6 +150,7 @@ __all__ = [
     "TooManyChannelsError",
     "UnknownChannelError",
     "net_effect",
+    "split_at",
     "open_store",
     "walk_ahead",
 ]

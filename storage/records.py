@@ -342,6 +342,65 @@ def net_effect(updates: Sequence[SubUpdate]) -> list[SubUpdate]:
     return out
 
 
+def split_at(updates: Sequence[SubUpdate], cut: int) -> tuple[list[SubUpdate], list[SubUpdate]]:
+    """What to write now of a queue of updates that goes on past `cut`, and what to keep queued.
+
+    Written now: the net effect of `updates[:cut]`, but for the first deliveries among them that an
+    ack after the cut clears; kept: `updates[cut:]` without those acks. Neither the entry nor its
+    delete is ever written, as when both fall in one batch. What this write leaves in the store is
+    the state at the cut, but for messages acknowledged by now: a crash after it redelivers what
+    came after the cut, as a crash before it would have. So a flush that cuts a little before its
+    end no longer writes, and then deletes, every message in flight at its end (under load that is
+    most of what a flush wrote). An entry is left out only where nothing but runs of first
+    deliveries (before the cut) and of acks (after it) write it.
+    """
+    before: list[SubUpdate | None] = list(updates[:cut])
+    after: list[SubUpdate | None] = list(updates[cut:])
+    acked: dict[int, set[int]] = {}
+    touched: dict[int, set[int]] = {}  # entries written otherwise: left as they are
+    for update in after:
+        if isinstance(update, ClearPendingRun):
+            seqs = acked.get(update.sub_id)
+            if seqs is None:
+                acked[update.sub_id] = set(update.seqs)
+            else:
+                seqs.update(update.seqs)
+        elif isinstance(update, SetPendingRun):
+            touched.setdefault(update.sub_id, set()).update(update.seqs)
+        elif isinstance(update, SetPending | ClearPending):
+            touched.setdefault(update.sub_id, set()).add(update.seq)
+    runs: list[tuple[int, SetPendingRun]] = []  # the runs of first deliveries to those subscriptions
+    if acked:
+        for i, update in enumerate(before):
+            if isinstance(update, SetPendingRun):
+                if update.sub_id in acked:
+                    runs.append((i, update))
+            elif isinstance(update, SetPending | ClearPending):
+                touched.setdefault(update.sub_id, set()).add(update.seq)
+    # Set operations over whole runs: under load most runs are acked whole and simply go.
+    dropped: dict[int, set[int]] = {}
+    for i, run in runs:
+        both = acked[run.sub_id].intersection(run.seqs)
+        if both and run.sub_id in touched:
+            both -= touched[run.sub_id]
+        if both:
+            dropped.setdefault(run.sub_id, set()).update(both)
+            before[i] = None if len(both) == len(run.seqs) else SetPendingRun(run.sub_id, _less(run.seqs, both))
+    if dropped:
+        for i, update in enumerate(after):
+            if isinstance(update, ClearPendingRun) and update.sub_id in dropped:
+                gone = dropped[update.sub_id]
+                if gone.issuperset(update.seqs):
+                    after[i] = None
+                elif not gone.isdisjoint(update.seqs):
+                    after[i] = ClearPendingRun(update.sub_id, _less(update.seqs, gone))
+    return net_effect([u for u in before if u is not None]), [u for u in after if u is not None]
+
+
+def _less(seqs: list[int], gone: set[int]) -> list[int]:
+    return [seq for seq in seqs if seq not in gone]
+
+
 @attrs.frozen(slots=True)
 class RecoveredSubscription:
     record: SubscriptionRecord

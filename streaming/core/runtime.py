@@ -38,7 +38,7 @@ from typing import TypeVar
 import attrs
 import trio
 
-from storage import ChannelError, ClearPendingRun, SetPendingRun, StoreError, SubUpdate, net_effect
+from storage import ChannelError, ClearPendingRun, SetPendingRun, StoreError, SubUpdate, net_effect, split_at
 from streaming.core.engine import DeadLetter, Engine, dead_letter_payload
 from streaming.core.group_commit import GroupCommit
 from streaming.core.outbound import Publish
@@ -360,12 +360,18 @@ class EngineRuntime(StateWriter):
             # Group commit: every ack of a busy subscriber queues an update, and a transaction per
             # wake-up would be an fsync per ack, queueing on the disk beside the publish commits
             # that PubAcks and deliveries wait for. Nothing waits for these writes (a crash loses
-            # at most the last linger's worth, which only causes redeliveries), so they gather;
-            # but for a caller of `write_now` (a connecting client), which cuts the linger short.
-            if self._linger > 0 and not self._urgent:
-                with trio.move_on_after(self._linger) as self._linger_scope:
-                    await trio.sleep_forever()
-                self._linger_scope = None
+            # at most the last linger and a half's worth, which only causes redeliveries), so they
+            # gather; but for a caller of `write_now` (a connecting client), which cuts the linger
+            # short and has everything written. Otherwise what was queued halfway through the linger
+            # is written at its end, but for the first deliveries acknowledged meanwhile
+            # (`split_at`), and the rest waits for the next write: a write then stores the messages
+            # that stayed unacknowledged for half a linger, not every message in flight at its end
+            # only for the next write to delete them.
+            cut: tuple[int, int] | None = None  # (queue length, generation) at the cut
+            if self._linger > 0 and not self._urgent and await self._linger_for(self._linger / 2):
+                cut = (len(self._updates), self._queued)
+                if not await self._linger_for(self._linger / 2):
+                    cut = None
             # While a redelivery pass is under way its subscription writes wait for it (bounded):
             # a worker thread applying them takes the interpreter lock from the pass, and what
             # waits is written once (`net_effect`: a redelivery acked meanwhile is one delete).
@@ -374,10 +380,11 @@ class EngineRuntime(StateWriter):
                     await self._pass_done.wait()
             self._work = trio.Event()
             urgent, self._urgent = self._urgent, False
+            if urgent:
+                cut = None
             if self._align and not urgent and self._commit is not None:
                 await self._commit.wait_commit(_STATE_WRITE_ALIGN_S)
-            taken = self._queued
-            ok = await self._write_queued()
+            taken, ok = await self._write_queued(cut)
             self._written, self._written_ok = taken, ok
             if ok:
                 self._stored = taken
@@ -394,13 +401,15 @@ class EngineRuntime(StateWriter):
                 self._work.set()
                 continue
             self._retry_s = _RETRY_FIRST_S
-            if not (self._dead or self._updates):
+            if self._updates:
+                self._work.set()  # what came after the cut goes in the next write
+            elif not self._dead:
                 self._idle.set()
 
     async def _drain(self) -> None:
         """Write everything queued, including what arrives meanwhile (shutdown)."""
         while self._dead or self._updates:
-            if not await self._write_queued():
+            if not (await self._write_queued())[1]:
                 log.error(
                     "%d subscription updates could not be written before stopping: after the restart, the "
                     "messages they acknowledged may be delivered again",
@@ -409,16 +418,31 @@ class EngineRuntime(StateWriter):
                 break
         self._idle.set()
 
-    async def _write_queued(self) -> bool:
-        """Write one snapshot of the queue: dead letters, then the net effect of the updates. False if
-        the store refused: then nothing after the failure is written (order matters: a dead letter is
-        stored before the update that drops it from pending), and it is all queued again, first."""
+    async def _linger_for(self, seconds: float) -> bool:
+        """Let updates gather for `seconds`; False if a `write_now` cut it short."""
+        with trio.move_on_after(seconds) as self._linger_scope:
+            await trio.sleep_forever()
+        self._linger_scope = None
+        return not self._urgent
+
+    async def _write_queued(self, cut: tuple[int, int] | None = None) -> tuple[int, bool]:
+        """Write one snapshot of the queue: dead letters, then the net effect of the updates (with a
+        `cut` (queue length, generation), of those before it, and the rest stays queued:
+        `split_at`). Returns the generation the write takes in, and False if the store refused: then
+        nothing after the failure is written (order matters: a dead letter is stored before the
+        update that drops it from pending), and it is all queued again, first."""
+        taken = self._queued
         dead, self._dead = self._dead, []
-        updates, self._updates = net_effect(self._updates), []
+        if cut is None:
+            updates, self._updates = net_effect(self._updates), []
+        else:
+            updates, self._updates = split_at(self._updates, cut[0])
+            if self._updates:  # else what came after the cut cancelled out: it is all taken in
+                taken = cut[1]
         if dead and not await self._publish_dead_letters(dead):
             self._dead = dead + self._dead
             self._updates = updates + self._updates
-            return False
+            return taken, False
         # On a worker thread one transaction takes the lot; on the Trio thread slices keep the
         # loop responsive (each slice is still applied in order, so the result is the same). Sizes
         # count store entries: a run of first deliveries or acks is one update of many entries.
@@ -435,10 +459,10 @@ class EngineRuntime(StateWriter):
             except StoreError as exc:
                 self._updates = updates[start:] + self._updates
                 self._failed(exc)
-                return False
+                return taken, False
             start = end
         self._recovered()
-        return True
+        return taken, True
 
     def _failed(self, exc: StoreError) -> None:
         if not self._state_failing:

@@ -283,6 +283,70 @@ async def test_subscription_writes_gather_for_the_flush_linger(autojump_clock: t
         nursery.cancel_scope.cancel()
 
 
+async def test_first_deliveries_acked_soon_after_a_flush_cut_are_never_written(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A message a millisecond for 100 ms, each acked (as a run, as doors ack a read's burst) 2 ms
+    after it went out: with a 10 ms linger, whatever is in flight at a flush was delivered after its
+    cut and is acked before the next, so no pending entry is written (nor deleted), only positions;
+    everything is stored in the end."""
+    w = World(flush_linger_s=0.01)
+    written: list[SubUpdate] = []
+    apply = w.store.apply
+
+    def recording_apply(updates: Iterable[SubUpdate]) -> None:
+        batch = list(updates)
+        written.extend(batch)
+        apply(batch)
+
+    w.store.apply = recording_apply  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        await w.start(nursery)
+        sub = w.subscribe(ack_wait_s=30, max_inflight=1_000)
+        await w.runtime.flush()
+        written.clear()
+        for seq in range(1, 101):
+            w.publish(1)
+            await trio.sleep(0.001)
+            if seq > 2:
+                assert w.pipeline.ack_many(sub, [seq - 2]) == 1
+        await trio.sleep(0.002)
+        assert w.pipeline.ack_many(sub, [99, 100]) == 2
+        await w.runtime.flush()
+        kinds = {type(u).__name__ for u in written}
+        assert kinds == {"SetLastSent"}, written
+        (recovered,) = w.store.recover().subscriptions
+        assert dict(recovered.pending) == {}
+        assert recovered.record.last_sent == 100
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_write_whose_rest_cancels_out_leaves_nothing_unwritten(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Deliveries before a flush's cut, all acked after it: the write stores neither, nothing is left
+    queued, and the runtime says everything is stored (what `state_writes_pending` shows)."""
+    w = World(flush_linger_s=0.01)
+    writes = w.write_times()
+    async with trio.open_nursery() as nursery:
+        await w.start(nursery)
+        sub = w.subscribe(ack_wait_s=30, max_inflight=1_000)
+        await w.runtime.flush()
+        writes.clear()
+        w.publish(5)
+        await trio.sleep(0.007)  # past the cut halfway through the linger
+        assert w.pipeline.ack_many(sub, [1, 2, 3, 4, 5]) == 5
+        await trio.sleep(0.005)  # the linger is over: written
+        assert [n for _, n in writes] == [1], "only the position"
+        assert w.runtime.statistics().unwritten == 0
+        with trio.fail_after(0.001):
+            await w.runtime.flush()
+        (recovered,) = w.store.recover().subscriptions
+        assert dict(recovered.pending) == {}
+        assert recovered.record.last_sent == 5
+        nursery.cancel_scope.cancel()
+
+
 async def test_dead_letters_are_published(autojump_clock: trio.testing.MockClock) -> None:
     w = World()
     async with trio.open_nursery() as nursery:

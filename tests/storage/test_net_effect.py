@@ -1,12 +1,15 @@
 """`net_effect` drops only writes that a later write of the same key replaces, and pending entries a
 batch both creates (a fresh SetPending, or a run of first deliveries) and clears: applying what it
-keeps leaves both stores exactly as applying the whole batch does."""
+keeps leaves both stores exactly as applying the whole batch does. `split_at` (a flush that cuts its
+queue short) writes the state at the cut but for messages acknowledged since, and what it keeps
+queued takes the store the rest of the way."""
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
 
+import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +27,7 @@ from storage import (
     SubscriptionRecord,
     SubUpdate,
     net_effect,
+    split_at,
 )
 from tests.storage.pending_model import PendingEntries
 
@@ -161,3 +165,73 @@ def test_acks_of_first_deliveries_in_the_same_batch_cancel_run_against_run() -> 
         SetPendingRun(1, [6]),
         SetLastSent(1, 6),
     ]
+
+
+def _pending(state: State) -> set[tuple[int, int]]:
+    return {(record.sub_id, seq) for record, pending in state for seq in pending}
+
+
+def _records(state: State) -> list[SubscriptionRecord]:
+    """The records but for their positions (`_positions`)."""
+    return [attrs.evolve(record, last_sent=0) for record, _ in state]
+
+
+def _positions(state: State) -> list[int]:
+    return [record.last_sent for record, _ in state]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    setup=st.lists(UPDATES, max_size=8),
+    batch=st.lists(UPDATES, max_size=30),
+    cut=st.integers(0, 30),
+)
+def test_a_write_cut_short_leaves_the_state_at_the_cut_but_for_what_was_acked_since(
+    setup: list[SubUpdate], batch: list[SubUpdate], cut: int
+) -> None:
+    _check_split(setup, batch, cut)
+
+
+def _check_split(setup: list[SubUpdate], batch: list[SubUpdate], cut: int) -> None:
+    batch = _fresh_only_where_new(setup, batch)
+    cut = min(cut, len(batch))
+    now, kept = split_at(batch, cut)
+    assert all(_taken_from(k, batch) for k in now + kept)  # nothing made up
+    at_cut = _after(MemoryStore("c"), setup, batch[:cut])
+    whole = _after(MemoryStore("c"), setup, batch)
+    store = MemoryStore("c")
+    written = _after(store, setup, now)
+    # What a crash right after this write would recover: the records at the cut, and the pending
+    # entries at the cut but for some that are gone by the end of the queue (acked). A position is
+    # never past the cut's; it may be short of it (a store takes a position no lower than the last
+    # pending entry's), and what it is short of is sent again after the crash, never lost.
+    assert _records(written) == _records(at_cut)
+    assert all(w <= c for w, c in zip(_positions(written), _positions(at_cut), strict=True))
+    assert _pending(written) <= _pending(at_cut)
+    assert not (_pending(at_cut) - _pending(written)) & _pending(whole), "only what is acked by the end is left out"
+    store.apply(kept)
+    assert _state(store) == whole
+
+
+@settings(max_examples=300, deadline=None)
+@given(setup=st.lists(ENTRY_UPDATES, max_size=4), batch=st.lists(ENTRY_UPDATES, max_size=12), cut=st.integers(0, 12))
+def test_a_write_cut_short_of_pending_entries_alone(setup: list[SubUpdate], batch: list[SubUpdate], cut: int) -> None:
+    _check_split(setup, batch, cut)
+
+
+def test_first_deliveries_acked_after_the_cut_are_never_written() -> None:
+    """The common case under load: a read's first deliveries before the cut, their acks after it.
+    Neither the entries nor their deletes are written; a redelivery acked after the cut, and what
+    stays unacked, are."""
+    batch: list[SubUpdate] = [
+        SetPendingRun(1, [1, 2, 3, 4]),
+        SetPending(1, 9, 2),
+        SetLastSent(1, 4),
+        ClearPendingRun(1, [1, 2, 9]),  # the cut is here
+        SetPendingRun(1, [5, 6]),
+        SetLastSent(1, 6),
+        ClearPendingRun(1, [3, 5]),
+    ]
+    now, kept = split_at(batch, 3)
+    assert now == [SetPendingRun(1, [4]), SetPending(1, 9, 2), SetLastSent(1, 4)]
+    assert kept == [ClearPendingRun(1, [9]), SetPendingRun(1, [5, 6]), SetLastSent(1, 6), ClearPendingRun(1, [5])]
