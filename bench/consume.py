@@ -19,6 +19,10 @@ defaults) (`bench/node/clients.js`: node-nats-streaming 0.3.2 against ours and n
 nats.js 2.x with `consumers.get(...).consume()` against a file stream; `npm ci --prefix bench/node`
 first): keys `node_<system>_<case>_...`, `node_ratio_<case>_vs_jetstream`, `node_ratio_<case>_vs_stan`
 (target >= 1.5) and `node_cpu_ratio_<case>_vs_stan` (server CPU per delivery, ours / it; target <= 1.0).
+The subscribers all live in one Node process, whose main thread does their work: `node_<system>_<case>_
+client_busy` is the share of a core it used, and `node_client_ceiling_<case>_vs_stan` the rate at which it
+would be busy all the time (against ours) over nats-streaming-server's rate: the most any server can
+show against it with this client on this machine.
 Python clients are slow at consuming from JetStream, which flatters our ratio; the Node figures are the
 fair one.
 
@@ -45,7 +49,7 @@ from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
 from bench.load import jetstream_publish, publish_pipelined, redis_xadd  # noqa: E402
-from bench.node_clients import NODE_SYSTEMS, ServerCpu, run_node  # noqa: E402
+from bench.node_clients import NODE_SYSTEMS, NodeRun, ServerCpu, run_node  # noqa: E402
 from bench.peers import SYSTEMS  # noqa: E402
 from bench.report import arguments, bar_plot, machine, print_report, progress  # noqa: E402
 from streaming.client import StartPosition, connect  # noqa: E402
@@ -193,7 +197,7 @@ async def _redis(port: int, case: str, messages: int, cpu: ServerCpu) -> float:
     return total / elapsed
 
 
-def run_node_case(system: str, case: str, messages: int) -> tuple[float, float]:
+def run_node_case(system: str, case: str, messages: int) -> NodeRun:
     subscribers, queue = CASES[case]
     return run_node(system, "consume", messages, subscribers, queue, expected(case, messages))
 
@@ -240,8 +244,10 @@ def main() -> None:
             for case, messages in sizes.items():
                 bar.update(task, description=f"{system}, {case} ({clients} clients)")
                 if clients == "node":
-                    rate, cpu_us = run_node_case(system, case, messages * 2)
-                    key = f"node_{system}_{case}"
+                    run = run_node_case(system, case, messages * 2)
+                    rate, cpu_us, key = run.msgs_per_s, run.server_us_per_msg, f"node_{system}_{case}"
+                    result[f"{key}_client_busy"] = run.client_busy
+                    result[f"{key}_client_ceiling_msgs_per_s"] = round(run.client_ceiling)
                 else:
                     rate, cpu_us = run_case(system, case, messages)
                     key = f"{system}_{case}"
@@ -276,10 +282,17 @@ def main() -> None:
                 )
                 ratio = result[f"node_ratio_{case}_vs_stan"] = round(mine / theirs, 3)
                 cpu = result[f"node_cpu_ratio_{case}_vs_stan"] = round(mine_us / theirs_us, 3)
+                # The most any server could show against it with this client: the client's ceiling in
+                # the run against ours (its main thread busy all the time) over its rate.
+                ceiling = result[f"node_client_ceiling_{case}_vs_stan"] = round(
+                    result[f"node_ours_{case}_client_ceiling_msgs_per_s"] / theirs, 3
+                )
                 rows.append(
                     (f"node clients, {case}: nats-streaming-server (ours / it)", f"{theirs:,} ({ratio:.2f})", ">= 1.5")
                 )
                 rows.append((f"  server CPU per message, ours / it ({theirs_us} µs)", f"{cpu:.2f}", "<= 1.0"))
+                busy = result[f"node_ours_{case}_client_busy"]
+                rows.append((f"  client's ceiling / its rate (client {busy:.0%} busy)", f"{ceiling:.2f}", ""))
     print_report(console, f"consume with an ack per message, deliveries/s ({result['scale']})", rows, result, args.json)
     if args.plot and python:
         groups = {case: {s: float(result[f"{s}_{case}_msgs_per_s"]) for s in SYSTEMS} for case in CASES}

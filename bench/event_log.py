@@ -57,7 +57,8 @@ def node_consume(flags: list[str], messages: int) -> tuple[float, float]:
     data = Path(tempfile.mkdtemp(prefix="bench-evlog-"))
     try:
         flags = [f.replace("{events}", str(data / "events")) for f in flags]
-        return run_node("ours", "consume", messages, 1, False, messages, ours_flags=flags)
+        run = run_node("ours", "consume", messages, 1, False, messages, ours_flags=flags)
+        return run.msgs_per_s, run.server_us_per_msg
     finally:
         shutil.rmtree(data, ignore_errors=True)
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 
@@ -37,6 +38,19 @@ class ServerCpu:
         self.seconds = self._now() - self._at
 
 
+class NodeRun(NamedTuple):
+    msgs_per_s: float  # over the timed part
+    server_us_per_msg: float  # the server's CPU per message over it
+    # The share of one core the client's main thread was busy over it: node-nats-streaming runs on
+    # that one thread, so 1.0 is as fast as this client goes whatever the server, and `msgs_per_s /
+    # client_busy` is the most any server could show it (its ceiling).
+    client_busy: float
+
+    @property
+    def client_ceiling(self) -> float:
+        return self.msgs_per_s / self.client_busy if self.client_busy else float("inf")
+
+
 def run_node(
     system: str,
     workload: str,
@@ -45,10 +59,10 @@ def run_node(
     queue: bool,
     count: int,
     ours_flags: Sequence[str] = (),
-) -> tuple[float, float]:
+) -> NodeRun:
     """Run `bench/node/clients.js` against a fresh server (ours with `ours_flags` added): msgs/s of
-    the timed part, and the server's CPU µs per message over it (`count` messages: deliveries for a
-    consume)."""
+    the timed part, the server's CPU µs per message over it (`count` messages: deliveries for a
+    consume), and how busy the client's main thread was."""
     if not (NODE_DIR / "node_modules").exists():
         raise SystemExit("the Node clients are not installed: npm ci --prefix bench/node")
     with peers.ours(*ours_flags) if ours_flags else peers.start(system) as server:
@@ -58,19 +72,33 @@ def run_node(
         result = drive(argv, cpu, "start")
     if not result.get("ok"):
         raise RuntimeError(f"node {system} {workload}: {result.get('error')}")
-    return float(result["msgs_per_s"]), cpu.seconds / count * 1e6
+    return NodeRun(float(result["msgs_per_s"]), cpu.seconds / count * 1e6, float(result["client_busy"]))
+
+
+def _main_thread_seconds(process: psutil.Process) -> float:
+    """CPU time of a process's main thread (its id is the process's), 0 if it is gone."""
+    try:
+        return next((t.user_time + t.system_time for t in process.threads() if t.id == process.pid), 0.0)
+    except psutil.Error:
+        return 0.0
 
 
 def drive(argv: list[str], cpu: ServerCpu, marker: str) -> dict[str, Any]:
     """Run a Node client that prints `marker` when its timed part starts and a JSON line at its end;
-    `cpu` measures the server over that part. Returns the JSON line ({"ok": False, ...} if none)."""
+    `cpu` measures the server over that part. Returns the JSON line ({"ok": False, ...} if none),
+    with `client_busy` added: the share of a core the client's main thread used over that part."""
     result: dict[str, Any] = {"ok": False, "error": "no result"}
     with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:
         assert proc.stdout is not None
+        client = psutil.Process(proc.pid)
+        began = busy = 0.0
         for line in proc.stdout:
             if line.strip() == marker:
                 cpu.start()
+                began, busy = time.monotonic(), _main_thread_seconds(client)
             elif line.startswith("{"):
                 cpu.stop()
+                busy = _main_thread_seconds(client) - busy
                 result = json.loads(line)
+                result["client_busy"] = round(busy / max(time.monotonic() - began, 1e-9), 3)
     return result

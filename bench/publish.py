@@ -32,7 +32,10 @@ time against JetStream with an fsync per write (`node_ours_sync_128_msgs_per_s`,
 `node_ratio_sync_vs_jetstream_sync`, `node_ours_sync_fraction_of_limit`); and, when nats-streaming-server
 is at hand (`STAN_SERVER`, else ../shared/peers), against it with the same node-nats-streaming client:
 `node_ratio_async_vs_stan` (target >= 1.5), `node_ratio_sync_vs_stan`, `node_cpu_ratio_<mode>_vs_stan`
-(server CPU per message, ours / it; target <= 1.0 pipelined).
+(server CPU per message, ours / it; target <= 1.0 pipelined). node-nats-streaming runs on one thread:
+`node_<system>_<mode>_128_client_busy` is the share of a core that thread used, and
+`node_client_ceiling_<mode>_vs_stan` the rate at which it would be busy all the time (against ours)
+over nats-streaming-server's rate, the most any server can show against it with this client.
 """
 
 from __future__ import annotations
@@ -265,12 +268,16 @@ def _node_pair(
     the ratio, under `node_<system>_<mode>_128_...` (ours': its first pair's) and
     `node_ratio_<mode>_vs_<peer>` (mode: async or sync). Returns both servers' CPU µs per message."""
     mode = "async" if workload == "publish" else "sync"
-    mine, mine_us = run_node("ours", workload, count, 1, False, count)
-    theirs, theirs_us = run_node(peer, workload, count, 1, False, count)
-    for system, rate, cpu_us in (("ours", mine, mine_us), (peer, theirs, theirs_us)):
-        result.setdefault(f"node_{system}_{mode}_128_msgs_per_s", round(rate))
-        result.setdefault(f"node_{system}_{mode}_128_server_us_per_msg", round(cpu_us, 2))
+    runs = {system: run_node(system, workload, count, 1, False, count) for system in ("ours", peer)}
+    for system, run in runs.items():
+        result.setdefault(f"node_{system}_{mode}_128_msgs_per_s", round(run.msgs_per_s))
+        result.setdefault(f"node_{system}_{mode}_128_server_us_per_msg", round(run.server_us_per_msg, 2))
+        result.setdefault(f"node_{system}_{mode}_128_client_busy", run.client_busy)
+    (mine, mine_us, _), (theirs, theirs_us, _) = runs["ours"], runs[peer]
     ratio = result[f"node_ratio_{mode}_vs_{peer}"] = round(mine / theirs, 3)
+    if peer == "stan":  # the same client on both: the most any server could show against it with it
+        ceiling = runs["ours"].client_ceiling / theirs  # its main thread busy all the time
+        result.setdefault(f"node_client_ceiling_{mode}_vs_stan", round(ceiling, 3))
     rows.append((f"node clients, {mode} 128 B: ours", f"{mine:,.0f} ({mine_us:.2f} µs server CPU each)", targets[0]))
     rows.append((f"node clients, {mode} 128 B: {peer} (ours / it)", f"{theirs:,.0f} ({ratio:.2f})", targets[1]))
     return mine_us, theirs_us

@@ -76,6 +76,7 @@ HEADLINES: list[tuple[str, str, str, Check | None]] = [
     ("publish", "node_ratio_sync_vs_stan", ">= 1.5", lambda v: v >= 1.5),
     ("publish", "node_cpu_ratio_async_vs_stan", "<= 1.0", lambda v: v <= 1.0),
     ("publish", "node_cpu_ratio_sync_vs_stan", "<= 1.0", lambda v: v <= 1.0),
+    ("publish", "node_client_ceiling_async_vs_stan", "", None),
     ("consume", "ratio_vs_jetstream", ">= 1.0", lambda v: v >= 1.0),
     ("consume", "ratio_queue4_vs_jetstream", "", None),
     ("consume", "ratio_1sub_vs_redis", "", None),
@@ -93,6 +94,7 @@ HEADLINES: list[tuple[str, str, str, Check | None]] = [
         (("consume", f"node_cpu_ratio_{case}_vs_stan", "<= 1.0", lambda v: v <= 1.0))
         for case in ("1sub", "10subs", "queue4")
     ],
+    *[(("consume", f"node_client_ceiling_{case}_vs_stan", "", None)) for case in ("1sub", "10subs", "queue4")],
     ("redelivery", "lateness_p99_ms", "", None),
     ("redelivery", "lateness_p99_ratio_vs_jetstream", "<= 1", lambda v: v <= 1),
     ("redelivery", "lateness_p99_ratio_vs_stan", "", None),
