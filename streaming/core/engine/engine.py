@@ -1137,9 +1137,6 @@ class Engine(EffectsAccumulator):
             receiver.last_sent = group.last_sent
             self._updates.append(SetLastSent(sub_id, group.last_sent))
 
-    def _pick(self, group: Group) -> Sub:
-        return group.pick(failed=self._failing(group))
-
     def _failing(self, group: Group) -> list[Sub]:
         """The members of `group` whose clients fail heartbeats."""
         return [m for m in group.members if self._hb_failed(m)]
@@ -1233,8 +1230,9 @@ class Engine(EffectsAccumulator):
         group = sub.group
         moving = [(seq, Reason.NAK) for seq in released]
         moving += [(seq, Reason.ACK_TIMEOUT) for seq, _ in expired]
+        failed = self._failing(group)  # once: no client's heartbeat state changes during a pass
         for seq, reason in moving:
-            target = self._pick(group)
+            target = group.pick(failed=failed)
             if target is not sub:
                 attempt = sub.pending.attempt(seq)
                 self._forget(sub, seq)

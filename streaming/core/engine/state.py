@@ -234,8 +234,10 @@ class Group:
             # The turn goes on from where a message-by-message choice would leave it: those served
             # go to the back, the ones that took a message in its last round last of all.
             latest = [takers[i] for i in last]
-            back = [m for m, _ in plan if m not in latest] + latest
-            self.members = [m for m in self.members if m not in back] + back
+            later = {id(m) for m in latest}
+            back = [m for m, _ in plan if id(m) not in later] + latest
+            served = {id(m) for m in back}
+            self.members = [m for m in self.members if id(m) not in served] + back
         return plan
 
 
