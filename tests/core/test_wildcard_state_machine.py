@@ -161,7 +161,9 @@ class WildcardMachine(RuleBasedStateMachine):
                 if queue and owner not in self.group_starts:  # the group is made: its start on the channel
                     record = self.h.engine.subscription(part)
                     assert record is not None
-                    sent = [seq for (o, seq) in self.sent if o == owner]
+                    # A group made on the channel by a publish (the pattern's member was there first)
+                    # may have sent, and had acked, messages before this subscribe: it started before them.
+                    sent = [seq for (o, seq) in [*self.sent, *self.acked] if o == owner]
                     self.group_starts[owner] = min([starts.get(channel, 0), *[seq - 1 for seq in sent]])
 
     def _online(self) -> list[int]:
