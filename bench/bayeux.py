@@ -29,7 +29,11 @@ JSON keys: `<system>[_ws]_msgs_per_s`, `<system>[_ws]_cpu_us_per_msg` (the serve
 the throughput run, per message), `<system>[_ws]_p50_ms`, `<system>[_ws]_p99_ms` (ours and Faye),
 `[ws_]throughput_ratio_vs_faye` (target >= 1.0), `[ws_]p99_ratio_vs_faye` (target <= 1.5), with
 `..._rounds` lists of the per-round ratios, `[ws_]floor_ratio_vs_faye`, `[ws_]floor_p99_ratio_vs_faye`,
-`[ws_]throughput_ratio_vs_floor`.
+`[ws_]throughput_ratio_vs_floor`; `<system>[_ws]_client_busy` (the share of one core the CometD client's
+main thread used over the throughput run: near 1.0 the client is the limit, as it is with Faye) and
+`[ws_]client_ceiling_vs_faye` (ours msgs/s over that share, against Faye's msgs/s: what a server that
+never kept the client waiting would show with this client, so whether the target is within the
+client's reach at all).
 """
 
 from __future__ import annotations
@@ -124,6 +128,7 @@ def main() -> None:
                 continue
             result[f"{system}{x}_msgs_per_s"] = round(statistics.median(r["msgs_per_s"] for r in through))
             result[f"{system}{x}_cpu_us_per_msg"] = round(statistics.median(r["cpu_us_per_msg"] for r in through), 2)
+            result[f"{system}{x}_client_busy"] = round(statistics.median(r["client_busy"] for r in through), 3)
             latency = samples.get((transport, "latency", system), [])
             if latency:
                 result[f"{system}{x}_p50_ms"] = round(statistics.median(r["p50_ms"] for r in latency), 2)
@@ -146,6 +151,9 @@ def main() -> None:
         result[f"{ratio}throughput_ratio_vs_floor"] = round(
             result[f"ours{x}_msgs_per_s"] / result[f"floor{x}_msgs_per_s"], 3
         )
+        # The client's share of a core bounds what a faster server could show it: its rate if never idle.
+        ceiling = statistics.median(r["msgs_per_s"] / max(r["client_busy"], 1e-3) for r in ours)
+        result[f"{ratio}client_ceiling_vs_faye"] = round(ceiling / result[f"faye{x}_msgs_per_s"], 3)
     for key, value in result.items():
         if key.startswith(SYSTEMS):
             rows.append((key, f"{value:,}" if isinstance(value, int) else f"{value}", ""))
@@ -157,6 +165,7 @@ def main() -> None:
         rows.append((f"{prefix}floor_ratio_vs_faye", f"{result[prefix + 'floor_ratio_vs_faye']}", ""))
         rows.append((f"{prefix}floor_p99_ratio_vs_faye", f"{result[prefix + 'floor_p99_ratio_vs_faye']}", ""))
         rows.append((f"{prefix}throughput_ratio_vs_floor", f"{result[prefix + 'throughput_ratio_vs_floor']}", ""))
+        rows.append((f"{prefix}client_ceiling_vs_faye", f"{result[prefix + 'client_ceiling_vs_faye']}", ""))
     title = f"Bayeux with the CometD client: {count:,} messages, latency at {args.rate}/s ({result['scale']})"
     print_report(console, title, rows, result, args.json)
 
