@@ -297,10 +297,21 @@ def wait_listening(port: int, *, what: str, log: Path | None = None, timeout: fl
             time.sleep(0.05)
 
 
+_CLUSTER_ATTEMPTS = 3  # starts of a cluster whose node exited while it started
+
+
+class NodeExited(RuntimeError):
+    """A node of a cluster being started exited (most often: a port chosen free was taken meanwhile)."""
+
+
 def routes_up(nodes: list[NatsNode], timeout: float = 10.0) -> None:
     """Wait until every node's log shows a route to each other node."""
     deadline = time.monotonic() + timeout
     while True:
+        gone = [n for n in nodes if n.proc is not None and n.proc.poll() is not None]
+        if gone:
+            text = gone[0].log.read_text(errors="replace")[-2000:]
+            raise NodeExited(f"nats-server {gone[0].name} exited ({gone[0].proc.returncode}):\n{text}")  # type: ignore[union-attr]
         if all(
             node.log.read_text(errors="replace").count("Route connection created") >= len(nodes) - 1 for node in nodes
         ):
@@ -345,6 +356,40 @@ def nats_cluster(
     runs JetStream, storing in a directory of its own (`sync_always`: fsynced at every write, not every
     two minutes)."""
     directory = Path(tempfile.mkdtemp(prefix="nats-cluster-"))
+    try:
+        # Ports are chosen free, and another process may take one before its node binds it: a node
+        # that exits while the cluster starts is started again, with every node on fresh ports.
+        for attempt in range(_CLUSTER_ATTEMPTS):
+            nodes = _cluster_nodes(directory, size, extra, jetstream, sync_always)
+            try:
+                for node in nodes:
+                    node.start()
+                if size > 1:
+                    routes_up(nodes)
+                break
+            except RuntimeError as exc:  # NodeExited among them
+                started = [n.proc for n in nodes if n.proc is not None]
+                exited = isinstance(exc, NodeExited) or any(proc.poll() is not None for proc in started)
+                for node in nodes:
+                    node.stop()
+                if attempt == _CLUSTER_ATTEMPTS - 1 or not exited:
+                    raise
+                for node in nodes:
+                    shutil.rmtree(directory / node.name, ignore_errors=True)
+                    node.log.unlink(missing_ok=True)
+        try:
+            if jetstream:
+                jetstream_ready(nodes)
+            yield nodes
+        finally:
+            for node in nodes:
+                node.stop()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _cluster_nodes(directory: Path, size: int, extra: str, jetstream: bool, sync_always: bool) -> list[NatsNode]:
+    """`nats_cluster`'s nodes on fresh ports, their configuration files written."""
     nodes = [
         # Names unique across clusters: two nodes of one name refuse to route to each other.
         NatsNode(
@@ -361,15 +406,4 @@ def nats_cluster(
         sync = "\n  sync_interval: always" if sync_always else ""
         js = f'jetstream {{\n  store_dir: "{directory / node.name}"{sync}\n}}\n' if jetstream else ""
         node.conf.write_text(f"server_name: {node.name}\nlisten: 127.0.0.1:{node.port}\n{cluster}{js}{extra}\n")
-    try:
-        for node in nodes:
-            node.start()
-        if size > 1:
-            routes_up(nodes)
-        if jetstream:
-            jetstream_ready(nodes)
-        yield nodes
-    finally:
-        for node in nodes:
-            node.stop()
-        shutil.rmtree(directory, ignore_errors=True)
+    return nodes

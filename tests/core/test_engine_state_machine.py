@@ -67,6 +67,7 @@ class Sent:
     attempt: int
     reason: Reason
     sub_id: int
+    subscribes: int = 0  # how many subscribe calls had been made when it was sent
 
 
 @attrs.define
@@ -81,6 +82,8 @@ class Model:
     max_inflight: dict[int, int] = attrs.Factory(dict)
     window: dict[int, int] = attrs.Factory(dict)  # what set_window opened (a pull door's consumer)
     naked: dict[tuple[Owner, int], float] = attrs.Factory(dict)  # nak'd: not to be sent before this time
+    subscribes: int = 0  # subscribe calls so far
+    incarnation: dict[int, int] = attrs.Factory(dict)  # sub id -> `subscribes` at its latest subscribe (a resume)
     dead_total: int = 0
 
 
@@ -159,7 +162,7 @@ class EngineMachine(RuleBasedStateMachine):
             self.model.last_new[owner] = seq
         if self.max_deliver:
             assert event.attempt <= self.max_deliver, f"MaxDeliver: attempt {event.attempt}"
-        self.model.sent[key] = Sent(now, event.ack_wait_s, event.attempt, event.reason, sub_id)
+        self.model.sent[key] = Sent(now, event.ack_wait_s, event.attempt, event.reason, sub_id, self.model.subscribes)
 
     # -- rules -----------------------------------------------------------------------------------
 
@@ -181,6 +184,7 @@ class EngineMachine(RuleBasedStateMachine):
         from storage import StartPosition
 
         options = SubOptions(max_deliver=self.max_deliver, max_inflight_redeliveries=self.limit_redeliveries)
+        self.model.subscribes += 1  # before: the call may deliver at once
         try:
             sub_id = self.h.subscribe(
                 CHANNEL,
@@ -200,6 +204,7 @@ class EngineMachine(RuleBasedStateMachine):
         record = self.h.engine.subscription(sub_id)
         assert record is not None
         self.model.max_inflight[sub_id] = max_inflight
+        self.model.incarnation[sub_id] = self.model.subscribes
         self.model.window.pop(sub_id, None)
         if owner not in self.model.start:
             info = self.h.store.channel_info(CHANNEL)
@@ -452,13 +457,20 @@ class EngineMachine(RuleBasedStateMachine):
             pending = self.h.engine.inspect.pending(sub_id)
             owner = self._owner(sub_id)
             in_flight = set(pending) - self.h.engine.inspect.waiting(sub_id)
-            new_outstanding = sum(
-                1
+            first_sent = [
+                s
                 for seq in in_flight
                 if (s := self.model.sent.get((owner, seq))) and s.reason is Reason.NEW and s.sub_id == sub_id
-            )
+            ]
+            new_outstanding = len(first_sent)
             limit = self.model.max_inflight[sub_id]
-            assert new_outstanding <= limit, f"I3: {new_outstanding} first deliveries in flight > {limit}"
+            # A resumed durable may hold more than its new MaxInflight from before (sent under the old
+            # one, and nak'd so not redelivered yet): then it must send nothing new until under it.
+            since = self.model.incarnation[sub_id]
+            sent_since = any(s.subscribes >= since for s in first_sent)
+            assert new_outstanding <= limit or not sent_since, (
+                f"I3: {new_outstanding} first deliveries in flight > {limit}"
+            )
             if self.limit_redeliveries:
                 assert self.h.engine.inspect.in_flight(sub_id) <= limit, "I3: in flight beyond MaxInflight"
                 continue
