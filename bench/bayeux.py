@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
-from bench.node_clients import NODE_DIR, ServerCpu, drive  # noqa: E402
+from bench.node_clients import NODE_DIR, ServerCpu, client_ceiling, drive  # noqa: E402
 from bench.report import arguments, machine, print_report, progress  # noqa: E402
 
 BATCH = 100
@@ -152,7 +152,7 @@ def main() -> None:
             result[f"ours{x}_msgs_per_s"] / result[f"floor{x}_msgs_per_s"], 3
         )
         # The client's share of a core bounds what a faster server could show it: its rate if never idle.
-        ceiling = statistics.median(r["msgs_per_s"] / max(r["client_busy"], 1e-3) for r in ours)
+        ceiling = statistics.median(client_ceiling(r["msgs_per_s"], r["client_busy"]) for r in ours)
         result[f"{ratio}client_ceiling_vs_faye"] = round(ceiling / result[f"faye{x}_msgs_per_s"], 3)
     for key, value in result.items():
         if key.startswith(SYSTEMS):

@@ -48,7 +48,13 @@ class NodeRun(NamedTuple):
 
     @property
     def client_ceiling(self) -> float:
-        return self.msgs_per_s / self.client_busy if self.client_busy else float("inf")
+        return client_ceiling(self.msgs_per_s, self.client_busy)
+
+
+def client_ceiling(msgs_per_s: float, client_busy: float) -> float:
+    """The rate a client would reach with its main thread busy all the time: `msgs_per_s` at a share
+    `client_busy` of a core. The most any server could show it (inf when it was never busy)."""
+    return msgs_per_s / client_busy if client_busy else float("inf")
 
 
 def run_node(

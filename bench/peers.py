@@ -308,10 +308,11 @@ def routes_up(nodes: list[NatsNode], timeout: float = 10.0) -> None:
     """Wait until every node's log shows a route to each other node."""
     deadline = time.monotonic() + timeout
     while True:
-        gone = [n for n in nodes if n.proc is not None and n.proc.poll() is not None]
-        if gone:
-            text = gone[0].log.read_text(errors="replace")[-2000:]
-            raise NodeExited(f"nats-server {gone[0].name} exited ({gone[0].proc.returncode}):\n{text}")  # type: ignore[union-attr]
+        for node in nodes:
+            code = None if node.proc is None else node.proc.poll()
+            if code is not None:
+                text = node.log.read_text(errors="replace")[-2000:]
+                raise NodeExited(f"nats-server {node.name} exited ({code}):\n{text}")
         if all(
             node.log.read_text(errors="replace").count("Route connection created") >= len(nodes) - 1 for node in nodes
         ):
