@@ -18,10 +18,10 @@ re-acknowledged, so the server stops sending them) instead of reaching the appli
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import secrets
 import ssl
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TypeVar, Unpack
@@ -41,6 +41,9 @@ R = TypeVar("R", bound=ProtoMessage)
 
 class StanError(Exception):
     """The server refused a request; str() is its error text."""
+
+
+PUB_ACK_TIMEOUT = "stan: publish ack timeout"  # the error of a publish whose PubAck did not come in time
 
 
 class PubAckFuture:
@@ -98,6 +101,7 @@ class StanClient:
         max_pub_acks_inflight: int,
         ping_interval_s: int,
         ping_max_out: int,
+        pub_ack_timeout_s: float = 30.0,
     ) -> None:
         self.nats = nats
         self.cluster_id = cluster_id
@@ -107,7 +111,8 @@ class StanClient:
         # session shares are serialised once.
         self._pub_prefix = pb.PubMsg(clientID=client_id, connID=self.conn_id).SerializeToString()
         self.request_timeout_s = request_timeout_s
-        self.pub_ack_timeout_s = 30.0
+        # A publish whose PubAck has not come this long after it was sent fails (STAN's PubAckWait).
+        self.pub_ack_timeout_s = pub_ack_timeout_s
         self.ping_interval_s = ping_interval_s
         self.ping_max_out = ping_max_out
         self.closed = False
@@ -115,7 +120,7 @@ class StanClient:
         self.config_subjects: _Subjects
         self._ack_subject = "_STAN.acks." + secrets.token_hex(11)
         self._guid_prefix = secrets.token_hex(8)  # guids: unique prefix + counter (no syscall per publish)
-        self._guid_seq = itertools.count(1)
+        self._published = 0  # the counter: publishes numbered so far
         self._pubs: dict[str, PubAckFuture] = {}  # guid -> waiting for its PubAck, in publish order
         self._max_pubs = max_pub_acks_inflight
         self._drained: anyio.Event | None = None
@@ -292,7 +297,8 @@ class StanClient:
             raise ConnectionClosedError(self.lost_reason or "connection closed")
 
     def _publish_now(self, channel: str, data: bytes) -> PubAckFuture:
-        future = PubAckFuture(f"{self._guid_prefix}{next(self._guid_seq)}", channel, data)
+        self._published += 1
+        future = PubAckFuture(f"{self._guid_prefix}{self._published}", channel, data)
         self._pubs[future.guid] = future
         self._send_pub(future)
         return future
@@ -310,7 +316,45 @@ class StanClient:
             with anyio.fail_after(self.pub_ack_timeout_s):
                 return await future.wait()
         except TimeoutError:
-            raise StanError("stan: publish ack timeout") from None
+            if self._pubs.pop(future.guid, None) is not None:
+                future._resolve(PUB_ACK_TIMEOUT)
+                self._freed()
+            raise StanError(PUB_ACK_TIMEOUT) from None
+
+    async def _expire_pub_acks(self) -> None:
+        """Fail every publish whose PubAck has not come within `pub_ack_timeout_s` of it: its future's
+        error says so and its room in the window is freed, so a PubAck lost on the way (a NATS
+        cluster drops what a slow member cannot take) never holds a publisher for ever.
+
+        One task for the session, waking a tenth of the timeout apart, and nothing done per publish:
+        each wake-up notes how many publishes were made by then, and the publishes made by a
+        note at least a timeout old are failed (they are the oldest of the window, in order). A
+        publish thus fails between one and 1.1 timeouts after it was made."""
+        marks: deque[tuple[float, int]] = deque()
+        while not self.closed:
+            await anyio.sleep(self.pub_ack_timeout_s / 10)
+            now = anyio.current_time()
+            marks.append((now, self._published))
+            bound = 0
+            while marks and now - marks[0][0] >= self.pub_ack_timeout_s:
+                bound = marks.popleft()[1]
+            if bound and self._pubs:
+                self._expire(bound)
+
+    def _expire(self, bound: int) -> None:
+        """Fail the publishes waiting for their PubAck that are numbered `bound` or lower."""
+        skip = len(self._guid_prefix)
+        late: list[str] = []
+        for guid in self._pubs:  # in publish order
+            if int(guid[skip:]) > bound:
+                break
+            late.append(guid)
+        if not late:
+            return
+        for guid in late:
+            self._pubs.pop(guid)._resolve(PUB_ACK_TIMEOUT)
+        log.warning("stan: %d publishes had no PubAck in %g s: failed", len(late), self.pub_ack_timeout_s)
+        self._freed()
 
     def _on_pub_ack(self, msg: NatsMsg) -> None:
         try:
@@ -320,14 +364,18 @@ class StanClient:
         future = self._pubs.pop(ack.guid, None)
         if future is not None:
             future._resolve(ack.error)
-            # Room is announced at half the window, not per PubAck: a waiting publisher then queues
-            # thousands of messages per wake-up (one write) instead of one.
-            if self._room_waiters and len(self._pubs) <= self._max_pubs // 2 and not self._room.is_set():
-                self._room.set()
-                self._room = anyio.Event()
-            if not self._pubs and self._drained is not None:
-                self._drained.set()
-                self._drained = None
+            self._freed()
+
+    def _freed(self) -> None:
+        """Publishes left the window: wake who waits for room or for none to be left."""
+        # Room is announced at half the window, not per PubAck: a waiting publisher then queues
+        # thousands of messages per wake-up (one write) instead of one.
+        if self._room_waiters and len(self._pubs) <= self._max_pubs // 2 and not self._room.is_set():
+            self._room.set()
+            self._room = anyio.Event()
+        if not self._pubs and self._drained is not None:
+            self._drained.set()
+            self._drained = None
 
     # -- subscribing -----------------------------------------------------------------------------
 
@@ -424,6 +472,7 @@ async def connect(
     max_pub_acks_inflight: int = 16384,
     ping_interval_s: int = 5,
     ping_max_out: int = 88,
+    pub_ack_timeout_s: float = 30.0,
     reconnect_wait_s: float = 0.5,
     max_reconnect_attempts: int = -1,
     servers: Sequence[str] = (),
@@ -443,6 +492,8 @@ async def connect(
       of `host` and `port`; the cluster's other nodes are learnt from the first one reached, and a
       dropped connection is made again to any of them, `reconnect_wait_s` apart
       (`max_reconnect_attempts`, -1: forever). `connect_timeout_s` bounds each TCP and NATS handshake.
+    - `pub_ack_timeout_s`: how long a publish waits for its PubAck before it fails with `publish ack
+      timeout` (its future's `error`, or StanError from `publish`), pipelined ones too.
     - `ping_interval_s` and `ping_max_out`: STAN pings (the server's answer says whether the session is
       still known); `nats_ping_interval_s` and `nats_max_pings_out`: NATS pings, after which the
       connection is made again.
@@ -480,6 +531,7 @@ async def connect(
             max_pub_acks_inflight=max_pub_acks_inflight,
             ping_interval_s=ping_interval_s,
             ping_max_out=ping_max_out,
+            pub_ack_timeout_s=pub_ack_timeout_s,
         )
         nats.on_reconnect = client._on_reconnect
         try:
@@ -491,6 +543,7 @@ async def connect(
             nursery.cancel_scope.cancel()
         if failure is None:
             nursery.start_soon(client._pinger)
+            nursery.start_soon(client._expire_pub_acks)
             try:
                 yield client
             finally:

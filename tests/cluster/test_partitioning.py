@@ -19,6 +19,7 @@ import trio
 
 from bench.peers import NatsNode, nats_cluster
 from streaming.client import Msg, StanError, StartPosition, Subscription, connect
+from streaming.client.stan import PUB_ACK_TIMEOUT
 from streaming.config import ChannelConfig
 from streaming.wire import nats as p
 from streaming.wire.stan_pb import protocol_pb2 as pb
@@ -128,6 +129,10 @@ async def test_clients_on_any_node_reach_every_owner(tmp_path: Path) -> None:
                 writer.pub_ack_timeout_s = 0.5
                 with pytest.raises(StanError, match="publish ack timeout"):
                     await writer.publish("nobody", b"x")
+                # Pipelined, each fails in time too, and none holds the publisher for ever.
+                futures = [await writer.publish_async("nobody", b"%d" % i) for i in range(3)]
+                await writer.wait_pub_acks()
+                assert [f.error for f in futures] == [PUB_ACK_TIMEOUT] * 3
                 with pytest.raises(StanError, match="timeout"):
                     await reader.open_subscription("nobody")
 
