@@ -36,7 +36,7 @@ from streaming.bayeux import channels
 from streaming.bayeux import protocol as bx
 from streaming.core.door_api import DoorApi, Ticket
 from streaming.core.errors import ChannelBeingDeleted, NotPermitted, RequestError, StoreError
-from streaming.core.outbound import Delivery, Publish, SubscribeRequest
+from streaming.core.outbound import Delivery, Outcome, Publish, SubscribeRequest
 from streaming.security.permissions import Compiled
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ class BayeuxDoor:
         the channels the request's user may publish and subscribe to (None: all)."""
         return await self.finish(await self.begin(messages, permissions))
 
-    async def begin(self, messages: list[Any], permissions: Compiled | None = None) -> Answer:
+    async def begin(self, messages: list[Any], permissions: Compiled | None = None, source: object = None) -> Answer:
         """The first half of `handle`: every message acted on, its publishes handed to the group
         commit, in order. A WebSocket reads its next frame once this returns, and `finish`es the
         answer meanwhile, so a client's frames reach the log in the order it sent them."""
@@ -182,7 +182,7 @@ class BayeuxDoor:
                 continue
             channel: str = message["channel"]
             if staged.publishes and (channel.startswith("/meta/") or channel == "/meta"):
-                tickets.append(await self._submit(staged))
+                tickets.append(await self._submit(staged, source))
             if channel == "/meta/handshake":
                 out.append(self._handshake(message, alone))
                 continue
@@ -209,14 +209,27 @@ class BayeuxDoor:
             else:
                 out.append(self._stage(message, len(out), permissions, staged))
         if staged.publishes:
-            tickets.append(await self._submit(staged))
+            tickets.append(await self._submit(staged, source))
         return Answer(out, tickets)
+
+    def commit_now(self) -> None:
+        """A lone publisher's publishes `begin` handed over are committed now (see `DoorApi.commit_now`)."""
+        self.core.commit_now()
+
+    def answered(self, answer: Answer) -> list[dict[str, Any] | bytes] | None:
+        """`finish` without waiting: the answer, when every publish in it is committed already."""
+        if not all(ticket.done for ticket, _ in answer.tickets):
+            return None
+        return self._settle(answer, [ticket.result for ticket, _ in answer.tickets])
 
     async def finish(self, answer: Answer) -> list[dict[str, Any] | bytes]:
         """The answer `begin` started, once its publishes are committed (or refused)."""
+        return self._settle(answer, [await ticket.outcomes() for ticket, _ in answer.tickets])
+
+    def _settle(self, answer: Answer, results: list[list[Outcome]]) -> list[dict[str, Any] | bytes]:
         out = answer.parts
-        for ticket, answers in answer.tickets:
-            for (index, message), outcome in zip(answers, await ticket.outcomes(), strict=True):
+        for (_, answers), outcomes in zip(answer.tickets, results, strict=True):
+            for (index, message), outcome in zip(answers, outcomes, strict=True):
                 if isinstance(outcome, Exception):
                     out[index] = bx.error(message, _publish_error(outcome))
                 else:
@@ -427,21 +440,20 @@ class BayeuxDoor:
         staged.answers.append((index, message))
         return bx.published(message)
 
-    async def _submit(self, staged: _Staged) -> tuple[Ticket, list[tuple[int, dict[str, Any]]]]:
+    async def _submit(self, staged: _Staged, source: object) -> tuple[Ticket, list[tuple[int, dict[str, Any]]]]:
         """Hand the staged publishes (one request's) to the group commit as one run; waits while the
         commit queue is full (back-pressure, as for a STAN publisher)."""
         publishes, answers = staged.publishes, staged.answers
         staged.publishes, staged.answers = [], []
-        return await self.core.submit(publishes), answers
+        return await self.core.submit(publishes, source), answers
 
     # -- the outbound port ---------------------------------------------------------------------
 
     def deliver(self, deliveries: Sequence[Delivery]) -> None:
         woken: list[_Live] = []
         by_sub = self._by_sub
-        encode = bx.delivery
         sub_id = -1
-        run: list[tuple[int, bytes]] = []
+        run: list[bx.Stored] = []
         owner: tuple[_Live, bytes] | None = None
         for d in deliveries:
             if d.sub_id != sub_id:  # a subscription's deliveries come in runs: one lookup, one queueing each
@@ -451,8 +463,7 @@ class BayeuxDoor:
                 if owner is None:
                     owner = self._part_owner(sub_id)
             if owner is not None:
-                m = d.message
-                run.append((m.seq, encode(owner[1], sub_id, m.seq, m.timestamp_unix_ns, m.data)))
+                run.append(d.message)  # encoded when a connect reply carries it (`Entry.message`)
         self._queue_run(owner, sub_id, run, woken)
         for live in woken:
             if live.hold is not None:
@@ -480,17 +491,13 @@ class BayeuxDoor:
             self._by_sub.pop(part, None)
 
     @staticmethod
-    def _queue_run(
-        owner: tuple[_Live, bytes] | None, sub_id: int, run: list[tuple[int, bytes]], woken: list[_Live]
-    ) -> None:
+    def _queue_run(owner: tuple[_Live, bytes] | None, sub_id: int, run: list[bx.Stored], woken: list[_Live]) -> None:
         if owner is None or not run:
             return
         live = owner[0]
         # A redelivery (a resumed or recovered durable's pending) is queued unless it still is:
         # batches, not the engine's timer, send a queued message again.
-        session = live.session
-        # Only a session with a wildcard subscription can be given one message by two subscriptions.
-        if session.queue_run(sub_id, run, owner[1] if session.overlapping else b"") and live.hold is not None:
+        if live.session.queue_run(sub_id, owner[1], run) and live.hold is not None:
             woken.append(live)
 
     def holding(self) -> AbstractContextManager[None]:

@@ -20,7 +20,8 @@ import math
 import re
 import secrets
 from collections import deque
-from typing import Any, Final
+from collections.abc import Sequence
+from typing import Any, Final, Protocol
 
 import attrs
 import orjson
@@ -65,17 +66,51 @@ class BayeuxSettings:
         return {"reconnect": "retry", "interval": int(self.interval_s * 1000), "timeout": int(self.timeout_s * 1000)}
 
 
-@attrs.define(slots=True)
+class Stored(Protocol):
+    """What a delivery is written from: a stored message (the engine's `Delivery.message`)."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def timestamp_unix_ns(self) -> int: ...
+    @property
+    def data(self) -> bytes: ...
+
+
 class Entry:
     """One delivery queued for a session: `tag` is the batch open when it was queued; `sent` says
-    whether a connect reply carried it already (it goes again until acknowledged)."""
+    whether a connect reply carried it already (it goes again until acknowledged). It is encoded the
+    first time a connect reply carries it (`message`), not when the commit that stored it hands it
+    over: a publisher's answer then does not wait for its subscribers' deliveries to be written."""
 
-    tag: int
-    message: bytes  # the delivery, encoded (see `delivery`)
-    sub_id: int
-    seq: int
-    sent: bool = False
-    channel: bytes = b""  # its channel, when the session has overlapping (wildcard) subscriptions
+    __slots__ = ("_message", "_stored", "channel", "sent", "seq", "sub_id", "tag")
+
+    def __init__(
+        self,
+        tag: int,
+        sub_id: int,
+        seq: int,
+        *,
+        stored: tuple[bytes, Stored] | None = None,
+        sent: bool = False,
+        channel: bytes = b"",
+    ) -> None:
+        self.tag = tag
+        self.sub_id = sub_id
+        self.seq = seq
+        self.sent = sent
+        self.channel = channel  # its channel, when the session has overlapping (wildcard) subscriptions
+        self._stored = stored  # (its channel as JSON, the message) until encoded
+        self._message = b""
+
+    @property
+    def message(self) -> bytes:
+        """The delivery, encoded (see `delivery`); empty for a copy riding on another entry."""
+        if self._stored is not None:
+            channel_json, m = self._stored
+            self._message = delivery(channel_json, self.sub_id, self.seq, m.timestamp_unix_ns, m.data)
+            self._stored = None
+        return self._message
 
 
 class Session:
@@ -101,18 +136,20 @@ class Session:
         self._riders: dict[tuple[int, int], list[tuple[int, int]]] = {}  # carrying entry -> copies riding on it
         self._riding: set[tuple[int, int]] = set()
 
-    def queue(self, message: bytes, sub_id: int, seq: int) -> bool:
+    def queue(self, sub_id: int, channel_json: bytes, message: Stored) -> bool:
         """A delivery routed to the session, tagged with the open batch; False (and nothing queued)
         when that message of that subscription is queued already."""
-        return self.queue_run(sub_id, [(seq, message)]) == 1
+        return self.queue_run(sub_id, channel_json, [message]) == 1
 
-    def queue_run(self, sub_id: int, run: list[tuple[int, bytes]], channel: bytes = b"") -> int:
-        """`queue` of each (seq, encoded delivery) of one subscription, in order: how many were queued.
-        `channel` (the messages' channel), given when the session's subscriptions may overlap: a
-        message queued already by another subscription is not queued again but rides on it."""
+    def queue_run(self, sub_id: int, channel_json: bytes, run: Sequence[Stored]) -> int:
+        """`queue` of each message of one subscription (on the channel `channel_json` names), in
+        order: how many were queued. When the session's subscriptions may overlap, a message queued
+        already by another subscription is not queued again but rides on it."""
         tag, queued, append = self.next_batch, self._queued, self.unacked.append
+        channel = channel_json if self.overlapping else b""
         count = 0
-        for seq, message in run:
+        for m in run:
+            seq = m.seq
             key = (sub_id, seq)
             if key in queued or key in self._riding:
                 continue
@@ -123,7 +160,7 @@ class Session:
                     self._riding.add(key)
                     continue
             queued.add(key)
-            append(Entry(tag, message, sub_id, seq, channel=channel))
+            append(Entry(tag, sub_id, seq, stored=(channel_json, m), channel=channel))
             count += 1
         return count
 
@@ -140,7 +177,7 @@ class Session:
                 self._holders.pop((entry.channel, entry.seq), None)
             for sub_id, seq in self._riders.pop((entry.sub_id, entry.seq), ()):
                 self._riding.discard((sub_id, seq))
-                out.append(Entry(entry.tag, b"", sub_id, seq, True))
+                out.append(Entry(entry.tag, sub_id, seq, sent=True))
         return out
 
     def clear(self) -> None:

@@ -120,6 +120,11 @@ class DoorApi:
         core.pipeline.settle()
         core.group_commit.after_span(more_input=more_input)
 
+    def commit_now(self) -> None:
+        """What is queued for the group commit is committed here and now when that is quickest (a
+        lone publisher's small batch, as at the end of a span), else by the commit task."""
+        self._core.group_commit.after_span(more_input=False)
+
     @contextmanager
     def span(self) -> Iterator[None]:
         """`span_started` ... `span_ended(more_input=False)` around a block that does not await."""
@@ -182,15 +187,16 @@ class DoorApi:
         commit = self._core.group_commit
         return None if commit.submit_many(publishes, source) else commit.wait_room()
 
-    async def submit(self, publishes: Sequence[Publish]) -> Ticket:
+    async def submit(self, publishes: Sequence[Publish], source: object = None) -> Ticket:
         """Queue publishes (their origins are replaced) and return the ticket that hears their
-        outcomes; waits for room in a full commit queue first."""
+        outcomes; waits for room in a full commit queue first. `source`: the publisher (a
+        connection), when it is not one request (the default)."""
         ticket = Ticket(len(publishes))
         if publishes:
             # Each rebuilt with the ticket as its origin, field by field: half the cost of `_replace`,
             # on the path of every HTTP publish.
             run = [Publish(c, d, r, g, a, ticket, t) for c, d, r, g, a, _, t in publishes]
-            pending = self.publish_many(run, ticket)
+            pending = self.publish_many(run, ticket if source is None else source)
             if pending is not None:
                 await pending
         return ticket

@@ -73,6 +73,11 @@ class Ticket:
     def done(self) -> bool:
         return self._done.is_set()
 
+    @property
+    def result(self) -> list[Outcome]:
+        """The outcomes, once `done`."""
+        return self._outcomes
+
     async def outcomes(self) -> list[Outcome]:
         """Once every publish is done: for each, in order, its sequence or why it was refused."""
         await self._done.wait()

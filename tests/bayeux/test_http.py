@@ -401,8 +401,8 @@ async def test_publishes_around_a_subscribe_in_one_request_are_all_stored_before
     submit = door._submit
     tickets: list[Ticket] = []
 
-    async def submitting(staged: Any) -> Any:
-        submitted = await submit(staged)
+    async def submitting(staged: Any, source: object = None) -> Any:
+        submitted = await submit(staged, source)
         tickets.append(submitted[0])
         return submitted
 

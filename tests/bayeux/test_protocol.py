@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from hypothesis import given
@@ -183,7 +183,7 @@ class AckedDelivery(RuleBasedStateMachine):
     def queue(self, count: int) -> None:
         start = len(self.queued)
         for seq in range(start + 1, start + count + 1):
-            self.session.queue(b"{}", 1, seq)
+            self.session.queue(1, b'"/c"', Stored(seq, 0, b"{}"))
             self.queued.append(seq)
 
     def _round_trip(self, ack: object, *, lost: bool) -> None:
@@ -236,10 +236,18 @@ class AckedDelivery(RuleBasedStateMachine):
 TestAckedDelivery = AckedDelivery.TestCase
 
 
+class Stored(NamedTuple):
+    """A stored message, as the engine hands deliveries over."""
+
+    seq: int
+    timestamp_unix_ns: int
+    data: bytes
+
+
 def test_a_session_without_acks_hands_over_what_it_sends() -> None:
     session = bx.Session("c", ack_enabled=False, expires_at=0.0)
-    session.queue(b"{}", 1, 1)
-    session.queue(b"{}", 1, 2)
+    session.queue(1, b'"/c"', Stored(1, 0, b"{}"))
+    session.queue(1, b'"/c"', Stored(2, 0, b"{}"))
     assert session.acknowledge(5) == []
     batch, entries, resent = session.close_batch()
     assert batch is None and [e.seq for e in entries] == [1, 2] and resent == 0
@@ -281,24 +289,41 @@ def test_ext_nak_takes_ids_and_objects_and_leaves_out_the_rest() -> None:
 
 def test_a_message_two_subscriptions_match_reaches_the_session_once_and_both_are_settled() -> None:
     session = bx.Session("c", ack_enabled=True, expires_at=0.0)
+    session.overlapping = True  # it has a wildcard subscription
     ch = b'"/chat/a"'
-    assert session.queue_run(1, [(5, b"m5"), (6, b"m6")], ch) == 2  # `/chat/*`
-    assert session.queue_run(2, [(5, b"m5"), (6, b"m6")], ch) == 0  # `/chat/**`: they ride on the first
-    assert session.queue_run(2, [(5, b"m5")], ch) == 0, "a redelivered copy does not ride twice"
+    m5, m6 = Stored(5, 50, b"5"), Stored(6, 60, b"6")
+    assert session.queue_run(1, ch, [m5, m6]) == 2  # `/chat/*`
+    assert session.queue_run(2, ch, [m5, m6]) == 0  # `/chat/**`: they ride on the first
+    assert session.queue_run(2, ch, [m5]) == 0, "a redelivered copy does not ride twice"
     batch, entries, _ = session.close_batch()
-    assert [e.message for e in entries] == [b"m5", b"m6"]
+    assert [e.message for e in entries] == [bx.delivery(ch, 1, 5, 50, b"5"), bx.delivery(ch, 1, 6, 60, b"6")]
     gave = session.give_back([(1, 6, 3.0)])
     assert sorted(gave) == [(1, 6, 3.0), (2, 6, 3.0)], "a nak gives back the copies riding on it"
     acked = session.acknowledge(batch)
     assert sorted((e.sub_id, e.seq) for e in acked) == [(1, 5), (2, 5)]
-    assert session.queue_run(2, [(6, b"m6")], ch) == 1, "once settled, a copy is queued again"
+    assert session.queue_run(2, ch, [m6]) == 1, "once settled, a copy is queued again"
 
     plain = bx.Session("p", ack_enabled=False, expires_at=0.0)
-    plain.queue_run(1, [(1, b"m1")], ch)
-    plain.queue_run(2, [(1, b"m1")], ch)
+    plain.overlapping = True
+    m1 = Stored(1, 10, b"1")
+    plain.queue_run(1, ch, [m1])
+    plain.queue_run(2, ch, [m1])
     _, out, _ = plain.close_batch()
     assert sorted((e.sub_id, e.seq) for e in out) == [(1, 1), (2, 1)]
-    assert [e.message for e in out if e.message] == [b"m1"], "written once, acknowledged for both"
+    assert [e.message for e in out if e.message] == [bx.delivery(ch, 1, 1, 10, b"1")], "written once, for both"
+
+
+def test_a_queued_delivery_is_written_when_a_reply_first_carries_it_and_then_kept() -> None:
+    session = bx.Session("c", ack_enabled=True, expires_at=0.0)
+    session.queue_run(3, b'"/c"', [Stored(7, 70, b'{"a":1}'), Stored(8, 80, b"\xff")])
+    _, entries, _ = session.close_batch()
+    first = [e.message for e in entries]
+    assert [json.loads(m) for m in first] == [
+        {"channel": "/c", "data": {"a": 1}, "id": "3x7", "ext": {"seq": 7, "timestamp": 70}},
+        {"channel": "/c", "data": "/w==", "id": "3x8", "ext": {"seq": 8, "timestamp": 80, "encoding": "base64"}},
+    ]
+    _, again, resent = session.close_batch()  # not acknowledged: it goes again, the same bytes
+    assert resent == 2 and [e.message for e in again] == first
 
 
 def test_wildcard_channels_map_to_engine_patterns() -> None:
