@@ -19,7 +19,7 @@ a Node Bayeux server that keeps nothing on disk and has no acks. Each server is 
 Runs go in rounds: each round runs every system once per transport and mode, who goes first
 alternating between rounds; each figure is the median over rounds, and the ratio of each round is
 printed too (how steady the comparison is). Full: 50,000 messages and 4,000 at the rate, 5 rounds;
-quick: 20,000 and 1,000, 3 rounds (about five minutes).
+quick: 20,000 and 1,000, 3 rounds (about six minutes on 2 cores).
 
 The floor (`bench/bayeux_floor.py`, both transports): a Bayeux server on our HTTP stack (hypercorn's
 Trio worker and Starlette) that does what Faye does and nothing more: in memory, no acks, no checks.
@@ -96,7 +96,7 @@ def plan(runs: int) -> list[tuple[str, str, str]]:
 
 def main() -> None:
     parser = arguments(
-        __doc__, quick="20,000 messages and 1,000 at the rate after a warm-up, 3 alternating rounds (about 5 minutes)"
+        __doc__, quick="20,000 messages and 1,000 at the rate after a warm-up, 3 alternating rounds (about 6 minutes)"
     )
     parser.add_argument("--runs", type=int, help="rounds (default 5, quick 3)")
     parser.add_argument("--rate", type=int, default=200, help="messages/s in the latency run (default 200)")
