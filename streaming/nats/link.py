@@ -81,6 +81,7 @@ class NatsLink:
         self.protocol_errors: collections.Counter[str] = collections.Counter()
         self.connected = False
         self.reconnects = 0
+        self._lost_why = ""  # why the last connection ended, for the log
         self.dropped = 0  # messages not sent: disconnected, too large for the cluster, or it stopped reading
         self.max_payload = p.MAX_PAYLOAD  # the cluster's, from INFO
         self.in_msgs = self.out_msgs = self.in_bytes = self.out_bytes = 0
@@ -274,7 +275,12 @@ class NatsLink:
             for pong in self._pongs:
                 pong.set()  # flush() waiters: what they waited for is gone with the connection
             self._pongs.clear()
-            log.warning("lost the connection to the NATS server at %s: reconnecting", self._current)
+            log.warning(
+                "lost the connection to the NATS server at %s (%s): reconnecting; what it held for this server "
+                "is lost, so a client whose publish or PubAck was in it gets a PubAck timeout",
+                self._current,
+                self._lost_why or "it failed",
+            )
             failures = 0
             while True:
                 await trio.sleep(self.options.reconnect_wait_s)
@@ -379,6 +385,7 @@ class NatsLink:
     # -- serving ---------------------------------------------------------------------------------
 
     async def _session(self) -> None:
+        self._lost_why = ""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._reader, nursery.cancel_scope)
             nursery.start_soon(self._writer, nursery.cancel_scope)
@@ -396,12 +403,16 @@ class NatsLink:
             while True:
                 data = await stream.receive_some(_READ_SIZE)
                 if not data:
+                    # nats-server closes a member that falls behind by more than its `max_pending`
+                    # (a slow consumer) without a word to it; its own log says so.
+                    self._lost_why = "it closed the connection: it stopped, or found this server a slow consumer"
                     break
                 parser.receive_data(data if type(data) is bytes else bytes(data))
                 await handle_read(self.holding_writes, listeners, handle_span, full=len(data) == _READ_SIZE)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            log.debug("NATS connection lost: %s", exc)
+            self._lost_why = str(exc.__cause__ or exc) or type(exc).__name__
         except p.RemoteProtocolError as exc:
+            self._lost_why = "it sent what this server cannot parse"
             log.error("the NATS server sent what this server cannot parse (%s): reconnecting", exc)
         lost.cancel()
 
@@ -476,14 +487,15 @@ class NatsLink:
                     self._writing = True
                     await stream.send_all(data)
                     self._writing = False
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._lost_why = self._lost_why or str(exc.__cause__ or exc) or type(exc).__name__
             lost.cancel()
 
     async def _pinger(self, lost: trio.CancelScope) -> None:
         while True:
             await trio.sleep(self.options.ping_interval_s)
             if self._pings_out >= self.options.max_pings_out:
-                log.warning("the NATS server did not answer %d pings", self._pings_out)
+                self._lost_why = f"no answer to {self._pings_out} pings"
                 lost.cancel()
                 return
             self._pings_out += 1

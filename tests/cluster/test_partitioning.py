@@ -234,6 +234,8 @@ def test_a_dead_nats_node_sends_everyone_to_the_others(tmp_path: Path) -> None:
                 driver.wait(10)
             assert result["ok"] and result["got"] == ["before", "after"], result
             assert any("reconnected to the NATS server" in line for line in a.log)
+            lost = [line for line in a.log if "lost the connection to the NATS server" in line]
+            assert lost and "it closed the connection" in lost[0], "the log says why the link was lost"
             assert n2.port  # the third node stays up throughout
 
 
