@@ -332,7 +332,7 @@ class StanClient:
         publish thus fails between one and 1.1 timeouts after it was made."""
         marks: deque[tuple[float, int]] = deque()
         while not self.closed:
-            await anyio.sleep(self.pub_ack_timeout_s / 10)
+            await anyio.sleep(max(self.pub_ack_timeout_s, 0.01) / 10)
             now = anyio.current_time()
             marks.append((now, self._published))
             bound = 0
@@ -505,6 +505,8 @@ async def connect(
     `Authorization Violation` for bad credentials) or StanError (refused, or no STAN server with that
     cluster ID answered), raised as such rather than inside an exception group.
     """
+    if not pub_ack_timeout_s > 0:
+        raise ValueError(f"pub_ack_timeout_s must be more than 0, not {pub_ack_timeout_s}")
     failure: BaseException | None = None
     async with anyio.create_task_group() as nursery:
         nats = NatsConnection(

@@ -9,7 +9,7 @@ import trio
 from trio.testing import MockClock
 
 from streaming.client.nats_conn import NatsConnection
-from streaming.client.stan import PUB_ACK_TIMEOUT, StanClient, _Subjects
+from streaming.client.stan import PUB_ACK_TIMEOUT, StanClient, _Subjects, connect
 from streaming.wire.stan_pb import protocol_pb2 as pb
 
 
@@ -62,3 +62,9 @@ async def test_an_awaited_publish_fails_on_time_and_leaves_the_window(autojump_c
         await client.publish("orders", b"x")
     assert trio.current_time() - began == pytest.approx(5)
     client.publish_nowait("orders", b"room again")  # the window of one is free
+
+
+async def test_a_timeout_that_is_not_positive_is_refused_at_connect() -> None:
+    with pytest.raises(ValueError, match="pub_ack_timeout_s"):
+        async with connect("test-cluster", "me", port=1, pub_ack_timeout_s=0):
+            pass
