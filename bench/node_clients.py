@@ -45,6 +45,10 @@ class NodeRun(NamedTuple):
     # that one thread, so 1.0 is as fast as this client goes whatever the server, and `msgs_per_s /
     # client_busy` is the most any server could show it (its ceiling).
     client_busy: float
+    # The reads of the client's sockets over it, and their median size: how the server's writes
+    # reach the client (fewer, fuller reads cost it less per message).
+    reads: int = 0
+    read_p50_bytes: int = 0
 
     @property
     def client_ceiling(self) -> float:
@@ -78,7 +82,13 @@ def run_node(
         result = drive(argv, cpu, "start")
     if not result.get("ok"):
         raise RuntimeError(f"node {system} {workload}: {result.get('error')}")
-    return NodeRun(float(result["msgs_per_s"]), cpu.seconds / count * 1e6, float(result["client_busy"]))
+    return NodeRun(
+        float(result["msgs_per_s"]),
+        cpu.seconds / count * 1e6,
+        float(result["client_busy"]),
+        int(result.get("reads", 0)),
+        int(result.get("read_p50_bytes", 0)),
+    )
 
 
 def _main_thread_seconds(process: psutil.Process) -> float:

@@ -273,7 +273,8 @@ def _node_pair(
         result.setdefault(f"node_{system}_{mode}_128_msgs_per_s", round(run.msgs_per_s))
         result.setdefault(f"node_{system}_{mode}_128_server_us_per_msg", round(run.server_us_per_msg, 2))
         result.setdefault(f"node_{system}_{mode}_128_client_busy", run.client_busy)
-    (mine, mine_us, _), (theirs, theirs_us, _) = runs["ours"], runs[peer]
+    mine, mine_us = runs["ours"].msgs_per_s, runs["ours"].server_us_per_msg
+    theirs, theirs_us = runs[peer].msgs_per_s, runs[peer].server_us_per_msg
     ratio = result[f"node_ratio_{mode}_vs_{peer}"] = round(mine / theirs, 3)
     if peer == "stan":  # the same client on both: the most any server could show against it with it
         ceiling = runs["ours"].client_ceiling / theirs  # its main thread busy all the time

@@ -13,8 +13,10 @@ main-thread busy share, the client's CPU per message (busy share / rate: what th
 each message against that server), and the pair ratios ours / it of rate and of server CPU.
 
 JSON keys: `<workload>_<system>_msgs_per_s`, `_server_us_per_msg`, `_client_busy`,
-`_client_us_per_msg`; `<workload>_ratio` and `<workload>_cpu_ratio` (medians of the pairs'; targets
->= 1.5 and <= 1.0), with every pair's in `<workload>_ratios` and `<workload>_cpu_ratios`; `pairs`.
+`_client_us_per_msg`, `_client_reads` and `_client_read_p50_bytes` (the reads of the client's
+sockets and their median size: how each server's writes reach it); `<workload>_ratio` and
+`<workload>_cpu_ratio` (medians of the pairs'; targets >= 1.5 and <= 1.0), with every pair's in
+`<workload>_ratios` and `<workload>_cpu_ratios`; `pairs`.
 node-nats-streaming runs on one thread: when `client_busy` is near 1.0 against both, the client is
 the limit and the rate ratio says nothing of the servers.
 """
@@ -72,6 +74,8 @@ def main() -> None:
                 result[f"{key}_client_busy"] = round(statistics.median(r.client_busy for r in done), 3)
                 client_us = statistics.median(r.client_busy / r.msgs_per_s * 1e6 for r in done)
                 result[f"{key}_client_us_per_msg"] = round(client_us, 2)
+                result[f"{key}_client_reads"] = round(statistics.median(r.reads for r in done))
+                result[f"{key}_client_read_p50_bytes"] = round(statistics.median(r.read_p50_bytes for r in done))
             pairs_of = list(zip(runs["ours"], runs["stan"], strict=True))
             ratios = [round(o.msgs_per_s / t.msgs_per_s, 3) for o, t in pairs_of]
             cpu = [round(o.server_us_per_msg / t.server_us_per_msg, 3) for o, t in pairs_of if t.server_us_per_msg]
@@ -89,6 +93,9 @@ def main() -> None:
                     "<= 1.0",
                 )
             )
+            reads = f"{result[f'{ours}_client_reads']:,} of {result[f'{ours}_client_read_p50_bytes']:,} B / "
+            reads += f"{result[f'{stan}_client_reads']:,} of {result[f'{stan}_client_read_p50_bytes']:,} B"
+            rows.append(("  client's reads, median size", reads, ""))
             rows.append(
                 (
                     "  client busy; its CPU per message, µs",

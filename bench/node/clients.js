@@ -5,7 +5,8 @@
 //             PubAck awaited before the next publish; 300 untimed first) | consume (pre-published,
 //             then push delivery with an ack per message, MaxInflight / max_ack_pending 1024)
 // Prints `start` when the timed part starts, then one JSON line: {"ok": true, "msgs_per_s": N,
-// "seconds": S} (the timed part only), or {"ok": false, "error": ...}.
+// "seconds": S, "reads": R, "read_p50_bytes": B} (the timed part only; R: reads of the client's
+// sockets, B: their median size), or {"ok": false, "error": ...}.
 'use strict';
 
 const [system, workload, portText, messagesText, subsText = '1', queueText = ''] = process.argv.slice(2);
@@ -15,6 +16,18 @@ const subscribers = Number(subsText);
 const queue = queueText === 'queue';
 const payload = Buffer.alloc(128, 120);
 const WINDOW = 16384;
+
+// How a server's writes reach the client: the reads of its sockets over the timed part, by size
+// (each read is a pass of the client's parser and of its acks' writes: fewer, fuller reads cost it
+// less per message).
+const readSizes = [];
+let counting = false;
+const net = require('net');
+const emit = net.Socket.prototype.emit;
+net.Socket.prototype.emit = function (event, ...args) {
+  if (counting && event === 'data') readSizes.push(args[0].length);
+  return emit.call(this, event, ...args);
+};
 
 const done = (result) => { console.log(JSON.stringify(Object.assign({ ok: true }, result))); process.exit(0); };
 const fail = (error) => { console.log(JSON.stringify({ ok: false, error: String(error && error.stack || error) })); process.exit(1); };
@@ -147,13 +160,18 @@ let cpuAtStart;
 function begin() {
   process.stdout.write('start\n');
   cpuAtStart = process.cpuUsage();
+  counting = true;
   return process.hrtime.bigint();
 }
 
 function finish(started, count) {
   const seconds = Number(process.hrtime.bigint() - started) / 1e9;
   const cpu = process.cpuUsage(cpuAtStart);
-  done({ msgs_per_s: count / seconds, seconds, client_us_per_msg: (cpu.user + cpu.system) / count });
+  counting = false;
+  readSizes.sort((a, b) => a - b);
+  const reads = readSizes.length;
+  const median = reads ? readSizes[Math.floor((reads - 1) / 2)] : 0;
+  done({ msgs_per_s: count / seconds, seconds, client_us_per_msg: (cpu.user + cpu.system) / count, reads, read_p50_bytes: median });
 }
 
 (system === 'ours' || system === 'stan' ? ours() : jetstream()).catch(fail);
