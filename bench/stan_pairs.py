@@ -34,15 +34,16 @@ sys.path.insert(0, str(ROOT))
 from rich.console import Console  # noqa: E402
 
 from bench import peers  # noqa: E402
+from bench.consume import CASES, expected  # noqa: E402
 from bench.node_clients import NodeRun, run_node  # noqa: E402
 from bench.report import arguments, machine, print_report, progress  # noqa: E402
 
+# Messages in the channel per consume case (consume.py's cases; ten subscribers read each ten times).
+CONSUMED = {"1sub": 50_000, "10subs": 10_000, "queue4": 50_000}
 # name: (clients.js workload, messages, subscribers, queue group, messages the CPU is divided by)
 WORKLOADS: dict[str, tuple[str, int, int, bool, int]] = {
     "publish": ("publish", 50_000, 1, False, 50_000),
-    "1sub": ("consume", 50_000, 1, False, 50_000),
-    "10subs": ("consume", 10_000, 10, False, 100_000),
-    "queue4": ("consume", 50_000, 4, True, 50_000),
+    **{case: ("consume", n, *CASES[case], expected(case, n)) for case, n in CONSUMED.items()},
 }
 
 

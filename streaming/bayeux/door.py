@@ -36,7 +36,7 @@ from streaming.bayeux import channels
 from streaming.bayeux import protocol as bx
 from streaming.core.door_api import DoorApi, Ticket
 from streaming.core.errors import ChannelBeingDeleted, NotPermitted, RequestError, StoreError
-from streaming.core.outbound import Delivery, Outcome, Publish, SubscribeRequest
+from streaming.core.outbound import Delivery, Message, Outcome, Publish, SubscribeRequest
 from streaming.security.permissions import Compiled
 
 log = logging.getLogger(__name__)
@@ -453,7 +453,7 @@ class BayeuxDoor:
         woken: list[_Live] = []
         by_sub = self._by_sub
         sub_id = -1
-        run: list[bx.Stored] = []
+        run: list[Message] = []
         owner: tuple[_Live, bytes] | None = None
         for d in deliveries:
             if d.sub_id != sub_id:  # a subscription's deliveries come in runs: one lookup, one queueing each
@@ -491,7 +491,7 @@ class BayeuxDoor:
             self._by_sub.pop(part, None)
 
     @staticmethod
-    def _queue_run(owner: tuple[_Live, bytes] | None, sub_id: int, run: list[bx.Stored], woken: list[_Live]) -> None:
+    def _queue_run(owner: tuple[_Live, bytes] | None, sub_id: int, run: list[Message], woken: list[_Live]) -> None:
         if owner is None or not run:
             return
         live = owner[0]

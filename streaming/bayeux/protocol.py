@@ -21,13 +21,13 @@ import re
 import secrets
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import attrs
 import orjson
 
 from streaming.bayeux import channels
-from streaming.core.outbound import MAX_NAK_DELAY_S
+from streaming.core.outbound import MAX_NAK_DELAY_S, Message
 
 SESSION_UNKNOWN: Final = "402::session_unknown"
 CHANNEL_MISSING: Final = "400::channel_missing"
@@ -66,24 +66,13 @@ class BayeuxSettings:
         return {"reconnect": "retry", "interval": int(self.interval_s * 1000), "timeout": int(self.timeout_s * 1000)}
 
 
-class Stored(Protocol):
-    """What a delivery is written from: a stored message (the engine's `Delivery.message`)."""
-
-    @property
-    def seq(self) -> int: ...
-    @property
-    def timestamp_unix_ns(self) -> int: ...
-    @property
-    def data(self) -> bytes: ...
-
-
 class Entry:
     """One delivery queued for a session: `tag` is the batch open when it was queued; `sent` says
     whether a connect reply carried it already (it goes again until acknowledged). It is encoded the
     first time a connect reply carries it (`message`), not when the commit that stored it hands it
     over: a publisher's answer then does not wait for its subscribers' deliveries to be written."""
 
-    __slots__ = ("_message", "_stored", "channel", "sent", "seq", "sub_id", "tag")
+    __slots__ = ("_channel_json", "_message", "_stored", "channel", "sent", "seq", "sub_id", "tag")
 
     def __init__(
         self,
@@ -91,7 +80,8 @@ class Entry:
         sub_id: int,
         seq: int,
         *,
-        stored: tuple[bytes, Stored] | None = None,
+        stored: Message | None = None,
+        channel_json: bytes = b"",
         sent: bool = False,
         channel: bytes = b"",
     ) -> None:
@@ -100,15 +90,16 @@ class Entry:
         self.seq = seq
         self.sent = sent
         self.channel = channel  # its channel, when the session has overlapping (wildcard) subscriptions
-        self._stored = stored  # (its channel as JSON, the message) until encoded
+        self._stored = stored  # the message until it is encoded, with its channel as JSON
+        self._channel_json = channel_json
         self._message = b""
 
     @property
     def message(self) -> bytes:
         """The delivery, encoded (see `delivery`); empty for a copy riding on another entry."""
-        if self._stored is not None:
-            channel_json, m = self._stored
-            self._message = delivery(channel_json, self.sub_id, self.seq, m.timestamp_unix_ns, m.data)
+        m = self._stored
+        if m is not None:
+            self._message = delivery(self._channel_json, self.sub_id, self.seq, m.timestamp_unix_ns, m.data)
             self._stored = None
         return self._message
 
@@ -136,12 +127,12 @@ class Session:
         self._riders: dict[tuple[int, int], list[tuple[int, int]]] = {}  # carrying entry -> copies riding on it
         self._riding: set[tuple[int, int]] = set()
 
-    def queue(self, sub_id: int, channel_json: bytes, message: Stored) -> bool:
+    def queue(self, sub_id: int, channel_json: bytes, message: Message) -> bool:
         """A delivery routed to the session, tagged with the open batch; False (and nothing queued)
         when that message of that subscription is queued already."""
         return self.queue_run(sub_id, channel_json, [message]) == 1
 
-    def queue_run(self, sub_id: int, channel_json: bytes, run: Sequence[Stored]) -> int:
+    def queue_run(self, sub_id: int, channel_json: bytes, run: Sequence[Message]) -> int:
         """`queue` of each message of one subscription (on the channel `channel_json` names), in
         order: how many were queued. When the session's subscriptions may overlap, a message queued
         already by another subscription is not queued again but rides on it."""
@@ -160,7 +151,7 @@ class Session:
                     self._riding.add(key)
                     continue
             queued.add(key)
-            append(Entry(tag, sub_id, seq, stored=(channel_json, m), channel=channel))
+            append(Entry(tag, sub_id, seq, stored=m, channel_json=channel_json, channel=channel))
             count += 1
         return count
 

@@ -22,7 +22,7 @@ from typing import NamedTuple, Protocol
 
 from storage import MAX_NAME_BYTES, ChannelInfo, ClientRecord
 from storage.codec import MAX_REPLY_BYTES
-from storage.records import StartPosition, SubOptions, SubscriptionRecord
+from storage.records import Message, StartPosition, SubOptions, SubscriptionRecord
 from streaming.core.engine import MAX_NAK_DELAY_S, Delivery, SubscribeRequest, SubscriptionView
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "ClientRecord",
     "Delivery",
     "Doors",
+    "Message",
     "Outbound",
     "Outcome",
     "Publish",

@@ -44,6 +44,7 @@ from streaming.wire.urls import ServerUrl
 log = logging.getLogger(__name__)
 _EVENTS_PER_STEP = 128  # as the embedded broker: events of one read handled before a checkpoint
 _READ_SIZE = 65536
+_CLOSED_BY_SERVER = "it closed the connection: it stopped, or found this server a slow consumer"
 _NO_WAITS: list[Awaitable[None]] = []  # shared and never appended to
 _MAX_PENDING_BYTES = 64 * 1024 * 1024  # unsent bytes past this are dropped: the cluster is not reading
 
@@ -405,12 +406,12 @@ class NatsLink:
                 if not data:
                     # nats-server closes a member that falls behind by more than its `max_pending`
                     # (a slow consumer) without a word to it; its own log says so.
-                    self._lost_why = "it closed the connection: it stopped, or found this server a slow consumer"
+                    self._lost_why = self._lost_why or _CLOSED_BY_SERVER
                     break
                 parser.receive_data(data if type(data) is bytes else bytes(data))
                 await handle_read(self.holding_writes, listeners, handle_span, full=len(data) == _READ_SIZE)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self._lost_why = str(exc.__cause__ or exc) or type(exc).__name__
+            self._lost_why = self._lost_why or str(exc.__cause__ or exc) or type(exc).__name__
         except p.RemoteProtocolError as exc:
             self._lost_why = "it sent what this server cannot parse"
             log.error("the NATS server sent what this server cannot parse (%s): reconnecting", exc)

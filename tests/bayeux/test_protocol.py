@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -15,7 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from streaming.bayeux import channels
 from streaming.bayeux import protocol as bx
-from streaming.core.outbound import MAX_NAK_DELAY_S
+from streaming.core.outbound import MAX_NAK_DELAY_S, Message
 from streaming.stan.requests import valid_channel
 
 _ALPHABET = "abcXYZ019 !#$()*+-.@_{}~"
@@ -183,7 +183,7 @@ class AckedDelivery(RuleBasedStateMachine):
     def queue(self, count: int) -> None:
         start = len(self.queued)
         for seq in range(start + 1, start + count + 1):
-            self.session.queue(1, b'"/c"', Stored(seq, 0, b"{}"))
+            self.session.queue(1, b'"/c"', stored(seq, 0, b"{}"))
             self.queued.append(seq)
 
     def _round_trip(self, ack: object, *, lost: bool) -> None:
@@ -236,18 +236,15 @@ class AckedDelivery(RuleBasedStateMachine):
 TestAckedDelivery = AckedDelivery.TestCase
 
 
-class Stored(NamedTuple):
-    """A stored message, as the engine hands deliveries over."""
-
-    seq: int
-    timestamp_unix_ns: int
-    data: bytes
+def stored(seq: int, timestamp_unix_ns: int, data: bytes) -> Message:
+    """A stored message of channel `/c`, as the engine hands deliveries over."""
+    return Message(seq, timestamp_unix_ns, "c", "", data)
 
 
 def test_a_session_without_acks_hands_over_what_it_sends() -> None:
     session = bx.Session("c", ack_enabled=False, expires_at=0.0)
-    session.queue(1, b'"/c"', Stored(1, 0, b"{}"))
-    session.queue(1, b'"/c"', Stored(2, 0, b"{}"))
+    session.queue(1, b'"/c"', stored(1, 0, b"{}"))
+    session.queue(1, b'"/c"', stored(2, 0, b"{}"))
     assert session.acknowledge(5) == []
     batch, entries, resent = session.close_batch()
     assert batch is None and [e.seq for e in entries] == [1, 2] and resent == 0
@@ -291,7 +288,7 @@ def test_a_message_two_subscriptions_match_reaches_the_session_once_and_both_are
     session = bx.Session("c", ack_enabled=True, expires_at=0.0)
     session.overlapping = True  # it has a wildcard subscription
     ch = b'"/chat/a"'
-    m5, m6 = Stored(5, 50, b"5"), Stored(6, 60, b"6")
+    m5, m6 = stored(5, 50, b"5"), stored(6, 60, b"6")
     assert session.queue_run(1, ch, [m5, m6]) == 2  # `/chat/*`
     assert session.queue_run(2, ch, [m5, m6]) == 0  # `/chat/**`: they ride on the first
     assert session.queue_run(2, ch, [m5]) == 0, "a redelivered copy does not ride twice"
@@ -305,7 +302,7 @@ def test_a_message_two_subscriptions_match_reaches_the_session_once_and_both_are
 
     plain = bx.Session("p", ack_enabled=False, expires_at=0.0)
     plain.overlapping = True
-    m1 = Stored(1, 10, b"1")
+    m1 = stored(1, 10, b"1")
     plain.queue_run(1, ch, [m1])
     plain.queue_run(2, ch, [m1])
     _, out, _ = plain.close_batch()
@@ -315,7 +312,7 @@ def test_a_message_two_subscriptions_match_reaches_the_session_once_and_both_are
 
 def test_a_queued_delivery_is_written_when_a_reply_first_carries_it_and_then_kept() -> None:
     session = bx.Session("c", ack_enabled=True, expires_at=0.0)
-    session.queue_run(3, b'"/c"', [Stored(7, 70, b'{"a":1}'), Stored(8, 80, b"\xff")])
+    session.queue_run(3, b'"/c"', [stored(7, 70, b'{"a":1}'), stored(8, 80, b"\xff")])
     _, entries, _ = session.close_batch()
     first = [e.message for e in entries]
     assert [json.loads(m) for m in first] == [
