@@ -17,7 +17,7 @@ Figures (with --json the last line is one JSON object with these keys):
   so that redelivery does not overlap publishing. "burst_*": all 100 published in one call with
   AckWait 1 s, so all 100,000 deadlines are the same instant: the last redeliveries then necessarily
   wait for all the work before them (about 100,000 x one redelivery; ~0.2 s here).
-  The process runs with the server's collector policy (`streaming.server.tune_gc`).
+  The process runs with the server's collector policy (`streaming.collector`).
 - bytes_per_pending: Python memory the engine holds per pending message (LMDB store, so the messages
   themselves are not on the Python heap).
 """
@@ -44,10 +44,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench.report import arguments, machine, print_report  # noqa: E402
 from storage import ClientRecord, LmdbStore, MemoryStore, Message, NewMessage, Store  # noqa: E402
+from streaming import collector  # noqa: E402
 from streaming.core.engine import Delivery, Engine, SubscribeRequest  # noqa: E402
 from streaming.core.outbound import Publish  # noqa: E402
 from streaming.core.service import Core  # noqa: E402
-from streaming.server import tune_gc  # noqa: E402
 
 PAYLOAD = b"x" * 128
 
@@ -205,7 +205,7 @@ def main() -> int:
     console = Console(stderr=args.json)
     total = 200_000 if args.quick else 1_000_000
     tmp = Path(tempfile.mkdtemp(prefix="bench-engine-"))
-    tune_gc()  # the collector policy the server process runs with
+    collector.settle()  # the collector policy the server process runs with
     try:
         with console.status("deliver+ack throughput"):
             one = bench_deliver_ack(MemoryStore(), 1, total)

@@ -99,8 +99,13 @@ def walk_ahead(directory: str | Path) -> WalkAhead:
     """Begin the structure walk of the LMDB store's state file in `directory` on another core, for
     `open_store` to use (a forked child: call it before any thread exists)."""
     integrity: Any = importlib.import_module("storage.integrity")
-    walk: WalkAhead = integrity.WalkAhead(Path(directory) / "state")
+    walk: WalkAhead = integrity.WalkAhead(state_directory(directory))
     return walk
+
+
+def state_directory(directory: str | Path) -> Path:
+    """Where the LMDB store in `directory` keeps its state file (what `walk_ahead` walks)."""
+    return Path(directory) / "state"
 
 
 __all__ = [
@@ -152,5 +157,6 @@ __all__ = [
     "net_effect",
     "split_at",
     "open_store",
+    "state_directory",
     "walk_ahead",
 ]

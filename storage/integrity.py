@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import struct
 from collections.abc import Iterable
 from pathlib import Path
@@ -129,6 +130,15 @@ class WalkAhead:
                 os._exit(status)
         os.close(write)
         self._child = (pid, read)
+
+    def discard(self) -> None:
+        """Stop the walk and forget it (the store will not use it)."""
+        if self._child is not None:
+            pid, read = self._child
+            self._child = None
+            os.close(read)
+            os.kill(pid, signal.SIGKILL)  # an unreaped child: its pid is still its own
+            os.waitpid(pid, 0)
 
     def problems(self) -> list[str]:
         """What the walk found, once; walked here instead when its answer cannot be used."""

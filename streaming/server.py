@@ -9,7 +9,6 @@ Tests run it in a nursery on port 0: `port = await nursery.start(serve, config)`
 
 from __future__ import annotations
 
-import gc
 import logging
 from collections.abc import Callable
 from functools import partial
@@ -48,21 +47,6 @@ if TYPE_CHECKING:
     from streaming.pull.protocol import PullSettings
 
 log = logging.getLogger(__name__)
-
-
-def tune_gc() -> None:
-    """The collector policy for a long-running server process; its entry point has `serve` call it once,
-    after recovery and before serving (`after_recovery`): a process that runs servers in it, such as a
-    test run, keeps its own.
-
-    With the default thresholds a full collection walks every live object every ~700 x 10 x 10
-    allocations, and on this workload that is a pause of tens of ms in the middle of a redelivery pass.
-    Freezing what exists after startup (recovered state, imported code) takes it out of every later
-    scan, and larger thresholds make young and full collections rarer. Cycles are still collected.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 50, 100)
 
 
 def _metrics() -> Metrics:
@@ -164,9 +148,9 @@ async def serve(
 ) -> None:
     """Run the server until cancelled. Store errors at startup (lock, cluster ID, schema) propagate.
     `after_recovery` runs once the store is recovered, before any client is served (the entry point's
-    process-wide settings: `tune_gc`). `store`: serve this one (an FT group's replicated store) rather
-    than open the one `config` names; it is closed all the same. `state_walk`: the walk of the store's
-    state file, begun earlier (`storage.walk_ahead`)."""
+    process-wide settings: `streaming.collector.recovered`). `store`: serve this one (an FT group's
+    replicated store) rather than open the one `config` names; it is closed all the same. `state_walk`:
+    the walk of the store's state file, begun earlier (`storage.walk_ahead`)."""
     replicated = store is not None
     if store is None:
         directory = config.dir if config.store == "lmdb" else None

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from storage import DamagedStoreError, DamageFoundError, StoreError
+from streaming import collector
 from streaming.cli.maintenance import way_forward
 from streaming.config import ConfigError, ServerConfig
 from streaming.ft.status import GroupError
@@ -98,12 +99,15 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
 
 
 async def _run_server(config: ServerConfig, state_walk: WalkAhead | None) -> None:
-    from streaming.server import serve, tune_gc
+    from streaming.server import serve
+
+    collector.settle()  # the modules are loaded; the recovered state is not there yet
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             # Recovered, before any client: what exists then is frozen out of the collector's scans.
-            running = await nursery.start(partial(serve, config, after_recovery=tune_gc, state_walk=state_walk))
+            serving = partial(serve, config, after_recovery=collector.recovered, state_walk=state_walk)
+            running = await nursery.start(serving)
             where = f"in {config.dir}" if config.store == "lmdb" else "in memory (nothing survives a restart)"
             log.info("store: %s %s", config.store, where)
             if not running.store.synced:
@@ -125,7 +129,8 @@ async def _run_server(config: ServerConfig, state_walk: WalkAhead | None) -> Non
 
 async def _run_member(config: ServerConfig) -> None:
     from streaming.ft.group import serve_member
-    from streaming.server import tune_gc
+
+    collector.settle()
 
     def on_active(running: Running) -> None:
         # Tests and scripts wait for this line, as for a single server attached to a cluster.
@@ -133,7 +138,7 @@ async def _run_member(config: ServerConfig) -> None:
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            await nursery.start(partial(serve_member, config, after_recovery=tune_gc, on_active=on_active))
+            await nursery.start(partial(serve_member, config, after_recovery=collector.recovered, on_active=on_active))
             log.info("store: lmdb in %s, a copy of ft group %s's log", config.dir, config.ft_group)
             await _stop_on_signal(signals, nursery, "shutting down")
     log.info("server stopped")

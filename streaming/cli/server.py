@@ -12,14 +12,18 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from storage import VERIFY_MODES
+from storage import VERIFY_MODES, state_directory, walk_ahead
+from streaming.cli.early_walk import settle
 from streaming.cli.flags import flag
 from streaming.cli.maintenance import maintenance_main
 from streaming.config import ConfigError, load, merged
 from streaming.security.tls import TlsError, server_context
 from streaming.units import parse_bool, parse_duration, parse_size
+
+if TYPE_CHECKING:
+    from storage.integrity import WalkAhead
 
 log = logging.getLogger("streaming")
 
@@ -211,8 +215,18 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in vars(args).items() if k not in skip and v is not None}
 
 
-def server_main(argv: list[str] | None = None) -> int:
+def server_main(argv: list[str] | None = None, state_walk: WalkAhead | None = None) -> int:
+    """`streaming-server`. `state_walk`: the store's state file walk, begun from these arguments before
+    this module loaded (streaming.cli.early_walk); used if it is of the store they configure."""
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _server_main(argv, state_walk)
+    except BaseException:
+        settle(state_walk, None)
+        raise
+
+
+def _server_main(argv: list[str], early: WalkAhead | None) -> int:
     if argv[:1] in (["check"], ["repair"]):
         return maintenance_main(argv[0], argv[1:])
     if argv[:1] == ["import-stan"]:
@@ -238,20 +252,23 @@ def server_main(argv: list[str] | None = None) -> int:
                 "(no nats_server, partitioning or http_api_port: the HTTP doors are not partitioned)"
             )
     except (ConfigError, TlsError) as exc:
+        settle(early, None)
         print(f"streaming-server: configuration error: {exc}", file=sys.stderr)
         return 2
     level = logging.DEBUG if args.debug or args.trace else getattr(logging, config.log_level.upper(), logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s [%(levelname)s] %(name)s: %(message)s", stream=sys.stderr)
+    state_walk = None
+    if config.store == "lmdb" and not config.ft_group and not workers:
+        if early is not None and early.env_dir == state_directory(config.dir):
+            state_walk = early
+        else:
+            # The state file's structure walk runs on another core while Trio and the server load.
+            state_walk = walk_ahead(config.dir)
+    settle(early, state_walk)
     if workers:
         from streaming.cli.run import run_workers
 
         return run_workers(config, workers, argv)
-    state_walk = None
-    if config.store == "lmdb" and not config.ft_group:
-        from storage import walk_ahead
-
-        # The state file's structure walk runs on another core while Trio and the server load.
-        state_walk = walk_ahead(config.dir)
     # Trio, the engine and the doors are loaded only now: a bad flag or file is answered at once.
     from streaming.cli.run import run_server
 

@@ -11,6 +11,7 @@ import pytest
 
 import storage.integrity
 from storage import ClientRecord, DamagedStoreError, LmdbStore, NewMessage, walk_ahead
+from tests.support.walks import walks_here
 
 
 def _store(directory: Path) -> None:
@@ -25,23 +26,10 @@ def _walk_ahead_any_file(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(storage.integrity, "WALK_AHEAD_BYTES", 0)
 
 
-def _walks_here(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    """Count the walks this process makes itself (the child forked before this is patched)."""
-    walked: list[Path] = []
-    real = storage.integrity.structure_problems
-
-    def counting(env_dir: Path) -> list[str]:
-        walked.append(env_dir)
-        return real(env_dir)
-
-    monkeypatch.setattr(storage.integrity, "structure_problems", counting)
-    return walked
-
-
 def test_an_unchanged_intact_file_is_not_walked_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _store(tmp_path)
     walk = walk_ahead(tmp_path)
-    walked = _walks_here(monkeypatch)
+    walked = walks_here(monkeypatch)
     with LmdbStore(tmp_path, verify="quick", state_walk=walk) as store:
         assert [m.seq for m in store.read("c", 1, 100)] == list(range(1, 51))
     assert walked == []
@@ -53,7 +41,7 @@ def test_a_file_written_after_the_walk_began_is_walked_again(tmp_path: Path, mon
     time.sleep(0.01)  # a later modification time, whatever the file system's granularity
     with LmdbStore(tmp_path) as store:  # as another server that held the directory until now
         store.register_client(ClientRecord("late", "_INBOX.late"))
-    walked = _walks_here(monkeypatch)
+    walked = walks_here(monkeypatch)
     assert walk.problems() == []
     assert walked == [tmp_path / "state"]
 
@@ -80,6 +68,6 @@ def test_a_small_file_is_walked_here_without_a_fork(tmp_path: Path, monkeypatch:
     _store(tmp_path)
     monkeypatch.setattr(storage.integrity, "WALK_AHEAD_BYTES", 1 << 20)
     walk = walk_ahead(tmp_path)
-    walked = _walks_here(monkeypatch)
+    walked = walks_here(monkeypatch)
     assert walk.problems() == []
     assert walked == [tmp_path / "state"]
