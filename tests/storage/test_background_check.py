@@ -4,11 +4,13 @@ with checkpoints going on; until it has passed, nothing past a damaged message i
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 import storage.full_check
@@ -105,6 +107,28 @@ def test_closing_the_store_stops_a_running_check(tmp_path: Path, monkeypatch: py
     checking.join(timeout=10)
     assert not checking.is_alive()
     assert result == [None]
+
+
+def test_the_check_process_runs_nicer_than_the_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a machine whose cores are busy serving, the check waits for them."""
+    monkeypatch.setattr(storage.full_check, "IN_PROCESS_BYTES", 0)
+    with LmdbStore(tmp_path) as store:
+        store.ensure_channel("c")
+        store.append([NewMessage("c", b"z" * 100) for _ in range(50_000)])
+    ours = psutil.Process().nice()
+    seen: list[int] = []
+    with LmdbStore(tmp_path, verify="background") as store:
+        checking = threading.Thread(target=store.check_fully)
+        checking.start()
+        deadline = time.monotonic() + 10
+        while checking.is_alive() and not seen and time.monotonic() < deadline:
+            for child in psutil.Process().children():
+                with contextlib.suppress(psutil.Error):
+                    if "storage.full_check" in child.cmdline() and child.nice() != ours:
+                        seen.append(child.nice())
+            time.sleep(0.001)
+        checking.join()
+    assert seen == [min(ours + storage.full_check.NICER_BY, 19)]
 
 
 def test_a_check_process_that_gives_no_answer_is_no_verdict(
