@@ -8,8 +8,9 @@ Each system gets 1,000,000 stored 128-byte messages (quick: 100,000) and a durab
 before the restart). The server is stopped (SIGTERM) and started again on the same data directory:
 - `<system>_ready_s`: from starting the process to its port accepting connections;
 - `<system>_rss_mb`: resident memory (process tree) once ready, and `<system>_rss_settled_mb` of a
-  second restart on the same data after it was left alone for 5 s (no client; our full check over):
-  the steady figure, taken apart from the resume, which reads and sends a different amount each;
+  second restart on the same data after it was left alone for 5 s and its full check has ended (no
+  client): the steady figure, taken apart from the resume, which reads and sends a different amount
+  each;
 - `ours_serves_s`, `stan_serves_s`: from starting the process to a STAN connect answered (the port
   of nats-streaming-server's embedded NATS server opens before its store is recovered, so the port
   alone does not say it serves); `jetstream_consumer_ready_s`: to its answer about the durable
@@ -62,10 +63,14 @@ def _rss_mb(pid: int) -> float:
 
 
 def _settled_rss_mb(command: list[str], port: int) -> float:
-    """Resident memory of the server started again with `command`, left alone for SETTLED_S."""
+    """Resident memory of the server started again with `command`, left alone for SETTLED_S and until
+    it has no child process (ours: its full check has ended, which on a slow machine takes longer)."""
     proc, started = _restart(command, port)
     try:
         time.sleep(max(0.0, started + SETTLED_S - time.perf_counter()))
+        deadline = time.perf_counter() + 120
+        while psutil.Process(proc.pid).children(recursive=True) and time.perf_counter() < deadline:
+            time.sleep(0.1)
         return _rss_mb(proc.pid)
     finally:
         peers.stop(proc)
