@@ -37,8 +37,9 @@ import lmdb
 
 from storage.codec import decode_channel
 from storage.environment import Environment
-from storage.integrity import Damage, structure_problems
+from storage.integrity import Damage
 from storage.lmdb_verify import scan_snapshot
+from storage.state_walk import structure_problems
 
 log = logging.getLogger(__name__)
 NAMES = ("meta", "channels", "messages")

@@ -6,8 +6,8 @@ damaged page headers can send it anywhere. So nothing here hands a file to LMDB:
 
 - `lmdb_file_problem` reads an LMDB data file's two meta pages with plain reads and compares the last
   page they name with the file's size (truncation), before the file is ever mapped;
-- `structure_problems` runs py-lmdb's offline verifier (`lmdb.verify`), a pure-Python walk of every
-  page reachable from the roots, before LMDB reads any of them;
+- `structure_problems` (storage.state_walk) runs py-lmdb's offline verifier (`lmdb.verify`), a
+  pure-Python walk of every page reachable from the roots, before LMDB reads any of them;
 - `missing_files` says which of the files a store needs are gone or empty, given what the others show.
 
 The message-level checks (every checksum, every channel's count) read through LMDB once these pass
@@ -16,15 +16,11 @@ The message-level checks (every checksum, every channel's count) read through LM
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import struct
 from collections.abc import Iterable
 from pathlib import Path
 
 import attrs
-import lmdb.verify
 
 from storage.codec import spans
 from storage.records import RecoveredState, RecoveredSubscription
@@ -87,83 +83,6 @@ def _meta(raw: bytes) -> _Meta | None:
     if psize < 512 or psize > 65536 or psize & (psize - 1):
         return None
     return _Meta(psize, last_page, txnid, _DB.unpack(free)[-1], _DB.unpack(main)[-1])
-
-
-def structure_problems(env_dir: Path) -> list[str]:
-    """Every structural problem py-lmdb's offline verifier finds in an environment (its data.mdb)."""
-    try:
-        return list(lmdb.verify.verify(str(env_dir)))  # type: ignore[no-untyped-call]
-    except lmdb.verify.VerifyError as exc:
-        return [str(exc)]
-    except OSError as exc:
-        return [f"cannot be read ({exc})"]
-
-
-WALK_AHEAD_BYTES = 1 << 20  # a state file this large is walked in a forked child
-
-
-class WalkAhead:
-    """`structure_problems` of an environment, begun in a forked child so that it runs on another core
-    while this process goes on (the server imports its modules meanwhile: a restart with 100,000
-    pending messages walks its state file for ~0.12 s). Fork early, before any thread exists.
-
-    Its answer is used only if it found nothing and the file is still as it was when the walk began
-    (same inode, size and modification time: nothing wrote it meanwhile, such as another server that
-    held the directory until just now); anything else is walked again, here, by `problems`."""
-
-    def __init__(self, env_dir: Path) -> None:
-        self.env_dir = env_dir
-        self._stamp = _stamp(env_dir / "data.mdb")
-        self._child: tuple[int, int] | None = None  # pid, read end of its pipe
-        if self._stamp is None or self._stamp[1] < WALK_AHEAD_BYTES or not hasattr(os, "fork"):
-            return  # walked by `problems`, here: a small file takes milliseconds
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: walk, answer, and leave without running anything of the parent's
-            status = 1
-            try:
-                os.close(read)
-                with os.fdopen(write, "w") as out:
-                    json.dump(structure_problems(env_dir), out)
-                status = 0
-            finally:
-                os._exit(status)
-        os.close(write)
-        self._child = (pid, read)
-
-    def discard(self) -> None:
-        """Stop the walk and forget it (the store will not use it)."""
-        if self._child is not None:
-            pid, read = self._child
-            self._child = None
-            os.close(read)
-            os.kill(pid, signal.SIGKILL)  # an unreaped child: its pid is still its own
-            os.waitpid(pid, 0)
-
-    def problems(self) -> list[str]:
-        """What the walk found, once; walked here instead when its answer cannot be used."""
-        found: object = None
-        if self._child is not None:
-            pid, read = self._child
-            self._child = None
-            with os.fdopen(read) as answer:
-                text = answer.read()
-            os.waitpid(pid, 0)
-            try:
-                found = json.loads(text)
-            except ValueError:  # it died (a signal): walk here
-                found = None
-        if found == [] and _stamp(self.env_dir / "data.mdb") == self._stamp:
-            return []
-        return structure_problems(self.env_dir)
-
-
-def _stamp(data_file: Path) -> tuple[int, int, int] | None:
-    try:
-        st = data_file.stat()
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def is_empty_or_missing(path: Path) -> bool:

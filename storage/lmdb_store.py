@@ -87,7 +87,7 @@ from storage.errors import (
     StoreError,
 )
 from storage.full_check import BackgroundCheck
-from storage.integrity import Damage, WalkAhead
+from storage.integrity import Damage
 from storage.journal import NAMES as JOURNAL_NAMES
 from storage.journal import Journal, Seed, keyed, unkeyed
 from storage.limits import StoreLimits, plan_eviction
@@ -104,6 +104,7 @@ from storage.records import (
     SubscriptionRecord,
     SubUpdate,
 )
+from storage.state_walk import WalkAhead
 from storage.subscription_state import DATABASES as STATE_DATABASES
 from storage.subscription_state import SubscriptionState
 

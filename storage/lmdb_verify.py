@@ -14,8 +14,9 @@ import lmdb
 from storage.codec import MSG_KEY, U32, U64, decode_lost, key_seq, lost_key, value_intact
 from storage.environment import Environment
 from storage.errors import DamagedStoreError
-from storage.integrity import Damage, WalkAhead, is_empty_or_missing, lmdb_file_problem, structure_problems
+from storage.integrity import Damage, is_empty_or_missing, lmdb_file_problem
 from storage.records import ChannelInfo
+from storage.state_walk import WalkAhead, structure_problems
 
 
 def check_files(

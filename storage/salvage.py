@@ -38,11 +38,12 @@ from storage.codec import (
     value_intact,
 )
 from storage.errors import IntegrityError
-from storage.integrity import is_empty_or_missing, lmdb_file_problem, messages, structure_problems
+from storage.integrity import is_empty_or_missing, lmdb_file_problem, messages
 from storage.journal import NAMES as JOURNAL_NAMES
 from storage.journal import Seed, keyed, salvage_records, unkeyed
 from storage.lmdb_pages import raw_items
 from storage.records import ChannelInfo, ClientRecord, SubscriptionRecord
+from storage.state_walk import structure_problems
 
 T = TypeVar("T")
 MSGS_DBS = ("meta", "channels", "messages")

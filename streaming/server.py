@@ -36,7 +36,7 @@ from streaming.stan.partitions import Claims, Partition, parse_hash_partition
 from streaming.wire.urls import parse_urls
 
 if TYPE_CHECKING:
-    from storage.integrity import WalkAhead
+    from storage.state_walk import WalkAhead
 
     # The HTTP doors are loaded only by a server that serves them (start-up time).
     from streaming.bayeux.door import BayeuxDoor

@@ -17,7 +17,7 @@ import tomllib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from storage.integrity import WalkAhead
+    from storage.state_walk import WalkAhead
 
 DEFAULT_DIR = "streaming-data"  # ServerConfig.dir's default (a test holds the two equal)
 _COMMANDS = {"check", "repair", "import-stan"}  # maintenance commands: no server starts

@@ -25,7 +25,7 @@ from streaming.stan.partitions import PartitionConflict
 from streaming.workers import WorkerPlan, WorkersError, forwarded_arguments, supervise
 
 if TYPE_CHECKING:
-    from storage.integrity import WalkAhead
+    from storage.state_walk import WalkAhead
     from streaming.running import Running
 
 log = logging.getLogger("streaming")

@@ -23,7 +23,7 @@ from streaming.security.tls import TlsError, server_context
 from streaming.units import parse_bool, parse_duration, parse_size
 
 if TYPE_CHECKING:
-    from storage.integrity import WalkAhead
+    from storage.state_walk import WalkAhead
 
 log = logging.getLogger("streaming")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import storage.integrity
+import storage.state_walk
 from storage import LmdbStore, NewMessage, state_directory
 from streaming.cli.early_walk import DEFAULT_DIR, _store_directory, begin_state_walk, settle
 from streaming.config import ServerConfig
@@ -19,7 +19,7 @@ from tests.support.walks import walks_here
 @pytest.fixture(autouse=True)
 def _walk_ahead_any_file(monkeypatch: pytest.MonkeyPatch) -> None:
     """These stores' state files are small: fork for them anyway (the server forks from 1 MiB)."""
-    monkeypatch.setattr(storage.integrity, "WALK_AHEAD_BYTES", 0)
+    monkeypatch.setattr(storage.state_walk, "WALK_AHEAD_BYTES", 0)
 
 
 def _store(directory: Path) -> None:

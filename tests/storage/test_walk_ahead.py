@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import storage.integrity
+import storage.state_walk
 from storage import ClientRecord, DamagedStoreError, LmdbStore, NewMessage, walk_ahead
 from tests.support.walks import walks_here
 
@@ -23,7 +23,7 @@ def _store(directory: Path) -> None:
 @pytest.fixture(autouse=True)
 def _walk_ahead_any_file(monkeypatch: pytest.MonkeyPatch) -> None:
     """These stores' state files are small: fork for them anyway (the server forks from 1 MiB)."""
-    monkeypatch.setattr(storage.integrity, "WALK_AHEAD_BYTES", 0)
+    monkeypatch.setattr(storage.state_walk, "WALK_AHEAD_BYTES", 0)
 
 
 def test_an_unchanged_intact_file_is_not_walked_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,7 +66,7 @@ def test_no_state_file_yet_needs_no_walk(tmp_path: Path) -> None:
 
 def test_a_small_file_is_walked_here_without_a_fork(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _store(tmp_path)
-    monkeypatch.setattr(storage.integrity, "WALK_AHEAD_BYTES", 1 << 20)
+    monkeypatch.setattr(storage.state_walk, "WALK_AHEAD_BYTES", 1 << 20)
     walk = walk_ahead(tmp_path)
     walked = walks_here(monkeypatch)
     assert walk.problems() == []

@@ -1,0 +1,99 @@
+"""The structure walk of an LMDB environment (py-lmdb's offline verifier, `lmdb.verify`: a pure-Python
+walk of every page reachable from the roots, before LMDB reads any of them), and that walk begun ahead
+in a forked child (`WalkAhead`).
+
+A module of its own that imports nothing of the store but this: `streaming-server` forks the walk of
+its state file at its first line, so that the child starts walking at once (loading the store's records
+and codecs first would cost it ~0.06 s) while the server loads its modules.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+__all__ = ["WALK_AHEAD_BYTES", "WalkAhead", "structure_problems"]
+
+
+def structure_problems(env_dir: Path) -> list[str]:
+    """Every structural problem py-lmdb's offline verifier finds in an environment (its data.mdb)."""
+    # Loaded here, by name: a child walking ahead loads it after its fork, and `import storage` (which
+    # loads this module) never loads LMDB.
+    verifier: Any = importlib.import_module("lmdb.verify")
+    try:
+        return list(verifier.verify(str(env_dir)))
+    except verifier.VerifyError as exc:
+        return [str(exc)]
+    except OSError as exc:
+        return [f"cannot be read ({exc})"]
+
+
+WALK_AHEAD_BYTES = 1 << 20  # a state file this large is walked in a forked child
+
+
+class WalkAhead:
+    """`structure_problems` of an environment, begun in a forked child so that it runs on another core
+    while this process goes on (the server imports its modules meanwhile: a restart with 100,000
+    pending messages walks its state file for ~0.12 s). Fork early, before any thread exists.
+
+    Its answer is used only if it found nothing and the file is still as it was when the walk began
+    (same inode, size and modification time: nothing wrote it meanwhile, such as another server that
+    held the directory until just now); anything else is walked again, here, by `problems`."""
+
+    def __init__(self, env_dir: Path) -> None:
+        self.env_dir = env_dir
+        self._stamp = _stamp(env_dir / "data.mdb")
+        self._child: tuple[int, int] | None = None  # pid, read end of its pipe
+        if self._stamp is None or self._stamp[1] < WALK_AHEAD_BYTES or not hasattr(os, "fork"):
+            return  # walked by `problems`, here: a small file takes milliseconds
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: walk, answer, and leave without running anything of the parent's
+            status = 1
+            try:
+                os.close(read)
+                with os.fdopen(write, "w") as out:
+                    json.dump(structure_problems(env_dir), out)
+                status = 0
+            finally:
+                os._exit(status)
+        os.close(write)
+        self._child = (pid, read)
+
+    def discard(self) -> None:
+        """Stop the walk and forget it (the store will not use it)."""
+        if self._child is not None:
+            pid, read = self._child
+            self._child = None
+            os.close(read)
+            os.kill(pid, signal.SIGKILL)  # an unreaped child: its pid is still its own
+            os.waitpid(pid, 0)
+
+    def problems(self) -> list[str]:
+        """What the walk found, once; walked here instead when its answer cannot be used."""
+        found: object = None
+        if self._child is not None:
+            pid, read = self._child
+            self._child = None
+            with os.fdopen(read) as answer:
+                text = answer.read()
+            os.waitpid(pid, 0)
+            try:
+                found = json.loads(text)
+            except ValueError:  # it died (a signal): walk here
+                found = None
+        if found == [] and _stamp(self.env_dir / "data.mdb") == self._stamp:
+            return []
+        return structure_problems(self.env_dir)
+
+
+def _stamp(data_file: Path) -> tuple[int, int, int] | None:
+    try:
+        st = data_file.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
