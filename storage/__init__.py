@@ -16,13 +16,7 @@ from typing import TYPE_CHECKING, Any
 from storage.state_walk import WalkAhead
 
 if TYPE_CHECKING:
-    from storage.base import (
-        MAX_NAME_BYTES,
-        SCHEMA_VERSION,
-        VERIFY_MODES,
-        Store,
-        StoreStatistics,
-    )
+    from storage.base import MAX_NAME_BYTES, SCHEMA_VERSION, VERIFY_MODES, Store, StoreStatistics
     from storage.errors import (
         ChannelError,
         ChannelNameConflictError,
@@ -38,16 +32,9 @@ if TYPE_CHECKING:
         TooManyChannelsError,
         UnknownChannelError,
     )
-    from storage.limits import (
-        ChannelLimits,
-        StoreLimits,
-    )
-    from storage.lmdb_store import (
-        LmdbStore,
-    )
-    from storage.memory_store import (
-        MemoryStore,
-    )
+    from storage.limits import ChannelLimits, StoreLimits
+    from storage.lmdb_store import LmdbStore
+    from storage.memory_store import MemoryStore
     from storage.records import (
         AppendResult,
         ChannelInfo,
@@ -79,6 +66,7 @@ if TYPE_CHECKING:
 # Each name is loaded from its module at first use (PEP 562), so that `import storage` costs next to
 # nothing: `streaming-server` forks the walk of its state file (storage.state_walk) before the store's
 # records, codecs and LMDB are loaded, and the client library and the engine load only what they use.
+# The names are those imported for type checkers above (tests/test_imports.py holds the two equal).
 _WHERE = {
     "MAX_NAME_BYTES": "storage.base",
     "SCHEMA_VERSION": "storage.base",

@@ -99,3 +99,22 @@ def test_no_module_imports_one_that_imports_it_back() -> None:
         }
     )
     assert circles == []
+
+
+def test_every_name_of_the_store_package_loads_from_its_module() -> None:
+    """`storage` loads its names on first use: each one it exports resolves to its module's object, and
+    the names it loads are exactly those it imports for type checkers."""
+    import ast
+
+    import storage
+
+    lazy = storage._WHERE
+    for name in storage.__all__:
+        value = getattr(storage, name)
+        if name in lazy:
+            assert value is getattr(sys.modules[lazy[name]], name)
+    tree = ast.parse((ROOT / "storage" / "__init__.py").read_text())
+    checked = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
+    typed = {alias.name for node in checked.body if isinstance(node, ast.ImportFrom) for alias in node.names}
+    assert typed == set(lazy)
+    assert set(lazy) <= set(storage.__all__)
