@@ -303,8 +303,22 @@ class Salvage:
                 for k, v in txn.cursor(db=dbs["subs"]).iternext():
                     self._sub(bytes(k), bytes(v), strict=True)
                 for k, v in txn.cursor(db=dbs["lastsent"]).iternext():
+                    if len(k) != U64.size or len(v) != U64.size:
+                        self.problems.append(
+                            f"{self.state_data}: a position record is damaged ({len(k)}/{len(v)} bytes): "
+                            "left out (a subscription without one resumes from its own record or its last "
+                            "pending message: what it was sent since then may come again)"
+                        )
+                        continue
                     self.last_sent[U64.unpack(k)[0]] = U64.unpack(v)[0]
                 for k, v in txn.cursor(db=dbs["pending"]).iternext():
+                    if len(k) != PENDING_KEY.size:
+                        self.problems.append(
+                            f"{self.state_data}: a pending entry's key is damaged ({len(k)} bytes): left out "
+                            "(which subscription and message it named is lost; that message, if it was not "
+                            "acknowledged, is not sent again)"
+                        )
+                        continue
                     sub_id, seq = PENDING_KEY.unpack(k)
                     if len(v) in (U32.size, NAKED_PENDING.size):
                         # A nak's wait (the longer value) is not kept: the message is due at once.

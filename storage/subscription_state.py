@@ -115,12 +115,18 @@ class SubscriptionState:
 
         def load(txn: lmdb.Transaction) -> RecoveredState:
             clients = [decode_record(v, ClientRecord) for v in txn.cursor(db=dbs["clients"]).iternext(keys=False)]
-            last_sent = {U64.unpack(k)[0]: U64.unpack(v)[0] for k, v in txn.cursor(db=dbs["lastsent"]).iternext()}
+            last_sent = {}
+            for k, v in txn.cursor(db=dbs["lastsent"]).iternext():
+                if len(k) != U64.size or len(v) != U64.size:
+                    raise IntegrityError(f"position record of {len(k)}/{len(v)} bytes")
+                last_sent[U64.unpack(k)[0]] = U64.unpack(v)[0]
             pending: dict[int, dict[int, int]] = {}
             naks: dict[int, dict[int, int]] = {}  # sub id -> seq -> not before (ns): nak'd with a delay
             unpack_key, unpack_attempt = PENDING_KEY.unpack, U32.unpack_from
             current_id, current = -1, {}
             for k, v in txn.cursor(db=dbs["pending"]).iternext():
+                if len(k) != PENDING_KEY.size:
+                    raise IntegrityError(f"pending entry with a key of {len(k)} bytes")
                 sub_id, seq = unpack_key(k)
                 if sub_id != current_id:
                     current_id, current = sub_id, pending.setdefault(sub_id, {})

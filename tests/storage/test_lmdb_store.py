@@ -334,3 +334,38 @@ def test_a_pending_entry_of_a_length_no_writer_makes_is_refused_as_damage(tmp_pa
     with LmdbStore(tmp_path) as store:
         (sub,) = store.recover().subscriptions
         assert dict(sub.pending) == {1: 2, 2: 1}, "both still unacknowledged: sent again, nothing lost"
+
+
+@pytest.mark.parametrize(
+    ("db", "key", "value", "refused", "reported"),
+    [
+        ("pending", b"\x00" * 15, b"\x00\x00\x00\x01", "pending entry with a key of 15 bytes", "pending entry's key"),
+        ("lastsent", b"\x00" * 7, b"\x00" * 8, "position record of 7/8 bytes", "position record is damaged (7/8"),
+        ("lastsent", b"\x00" * 8, b"\x00" * 3, "position record of 8/3 bytes", "position record is damaged (8/3"),
+    ],
+    ids=["pending key", "position key", "position value"],
+)
+def test_a_state_key_of_a_length_no_writer_makes_is_refused_and_repaired(
+    tmp_path: Path, db: str, key: bytes, value: bytes, refused: str, reported: str
+) -> None:
+    """A pending entry's key is 16 bytes and a position record 8 and 8: anything else is damage, refused
+    by name at start (not a crash of the decoding), reported by `check`, and left out by `repair`."""
+    from storage import SaveSubscription, SetPending, SubscriptionRecord
+    from storage.repair import check, repair
+
+    record = SubscriptionRecord(1, "c", "me", "_INBOX.a", "_INBOX.ack", ack_wait_ms=30_000, max_inflight=8)
+    with LmdbStore(tmp_path) as store:
+        store.ensure_channel("c")
+        store.append([NewMessage("c", b"m%d" % i) for i in range(3)])
+        store.apply([SaveSubscription(record), SetPending(1, 1, 2), SetPending(1, 2, 1)])
+    env = lmdb.open(str(tmp_path / "state"), max_dbs=8)
+    with env.begin(write=True) as txn:
+        txn.put(key, value, db=env.open_db(db.encode(), txn=txn))
+    env.close()
+    with LmdbStore(tmp_path) as store, pytest.raises(DamagedStoreError, match=refused):
+        store.recover()
+    assert any(reported in p for p in check(tmp_path).problems)
+    repair(tmp_path)
+    with LmdbStore(tmp_path) as store:
+        (sub,) = store.recover().subscriptions
+    assert dict(sub.pending) == {1: 2, 2: 1}
