@@ -5,9 +5,9 @@ The walk (`storage.walk_ahead`, a forked child) takes about as long as those imp
 them, a restart with 100,000 pending messages waits for it. This reads only what says where the store
 is (`--dir`, `--store`, `--ft_group`, `--workers`, and the same keys of the `-c` TOML file) with a
 parser of its own that knows nothing else. A guess is all it is: the store uses the walk only if it
-was of its own state file and that file has not changed since (`WalkAhead`), and the server hands back
-a walk it does not use (`settle`), so a command line read differently here costs a wasted walk, never
-a wrong answer.
+was of its own state file and that file has not changed since (`WalkAhead`), and the server stops a
+walk it does not use (`stop_unused`), so a command line read differently here costs a wasted walk,
+never a wrong answer.
 """
 
 from __future__ import annotations
@@ -20,13 +20,12 @@ if TYPE_CHECKING:
     from storage.state_walk import WalkAhead
 
 DEFAULT_DIR = "streaming-data"  # ServerConfig.dir's default (a test holds the two equal)
-_COMMANDS = {"check", "repair", "import-stan"}  # maintenance commands: no server starts
 
 
 def begin_state_walk(argv: list[str]) -> WalkAhead | None:
     """The walk of the state file of the LMDB store these arguments run, begun; None when they run
     another store, several, a maintenance command, or cannot be read this simply."""
-    if argv[:1] and argv[0] in _COMMANDS:
+    if argv[:1] and not argv[0].startswith("-"):  # a maintenance command (`check`, `repair`, ...)
         return None
     where = _store_directory(argv)
     if where is None:
@@ -36,7 +35,7 @@ def begin_state_walk(argv: list[str]) -> WalkAhead | None:
     return walk_ahead(where)
 
 
-def settle(walk: WalkAhead | None, used: WalkAhead | None) -> None:
+def stop_unused(walk: WalkAhead | None, used: WalkAhead | None) -> None:
     """Stop `walk` unless it is the one the store was given."""
     if walk is not None and walk is not used:
         walk.discard()

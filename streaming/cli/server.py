@@ -15,7 +15,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from storage import VERIFY_MODES, state_directory, walk_ahead
-from streaming.cli.early_walk import settle
+from streaming.cli.early_walk import stop_unused
 from streaming.cli.flags import flag
 from streaming.cli.maintenance import maintenance_main
 from streaming.config import ConfigError, load, merged
@@ -222,7 +222,7 @@ def server_main(argv: list[str] | None = None, state_walk: WalkAhead | None = No
     try:
         return _server_main(argv, state_walk)
     except BaseException:
-        settle(state_walk, None)
+        stop_unused(state_walk, None)
         raise
 
 
@@ -252,7 +252,7 @@ def _server_main(argv: list[str], early: WalkAhead | None) -> int:
                 "(no nats_server, partitioning or http_api_port: the HTTP doors are not partitioned)"
             )
     except (ConfigError, TlsError) as exc:
-        settle(early, None)
+        stop_unused(early, None)
         print(f"streaming-server: configuration error: {exc}", file=sys.stderr)
         return 2
     level = logging.DEBUG if args.debug or args.trace else getattr(logging, config.log_level.upper(), logging.INFO)
@@ -264,7 +264,7 @@ def _server_main(argv: list[str], early: WalkAhead | None) -> int:
         else:
             # The state file's structure walk runs on another core while Trio and the server load.
             state_walk = walk_ahead(config.dir)
-    settle(early, state_walk)
+    stop_unused(early, state_walk)
     if workers:
         from streaming.cli.run import run_workers
 

@@ -11,7 +11,7 @@ import pytest
 
 import storage.state_walk
 from storage import LmdbStore, NewMessage, state_directory
-from streaming.cli.early_walk import DEFAULT_DIR, _store_directory, begin_state_walk, settle
+from streaming.cli.early_walk import DEFAULT_DIR, _store_directory, begin_state_walk, stop_unused
 from streaming.config import ServerConfig
 from tests.support.walks import walks_here
 
@@ -80,17 +80,17 @@ def test_a_walk_the_store_does_not_use_is_stopped_and_reaped(tmp_path: Path) -> 
     assert walk is not None
     child = walk._child
     assert child is not None
-    settle(walk, None)
+    stop_unused(walk, None)
     with pytest.raises(ChildProcessError):
         os.waitpid(child[0], os.WNOHANG)
     with pytest.raises(OSError, match="Bad file descriptor"):
         os.fstat(child[1])
-    settle(walk, None)  # twice is harmless
+    stop_unused(walk, None)  # twice is harmless
 
 
 def test_the_walk_the_store_uses_is_left_alone(tmp_path: Path) -> None:
     _store(tmp_path)
     walk = begin_state_walk(["--dir", str(tmp_path)])
     assert walk is not None
-    settle(walk, walk)
+    stop_unused(walk, walk)
     assert walk.problems() == []
