@@ -1,11 +1,13 @@
 """Every benchmark, one after another, and one table of the headline figures against their targets.
 
-    python bench/run_all.py [--quick] [--json] [--only NAME ...] [--markdown FILE.md] [--plots DIR]
+    python bench/run_all.py [--quick] [--json] [--runs N] [--only NAME ...] [--markdown FILE.md] [--plots DIR]
 
 Each script runs in its own process with `--json` (and `--quick` when given); its last line is its
 result. The table lists the figures the issues set targets for; `--markdown` writes the same table
 (with the date, the machine and the command) for bench/README.md; `--plots DIR` passes `--plot` to
 the scripts that draw one. With `--json` the last line holds every script's result by name.
+`--runs N` runs the whole set N times, one set after the other: the table then has a value per run,
+and says in how many runs each target held (the JSON line is `{"runs": [...]}`, one result per run).
 Where the Node clients are installed (`npm ci --prefix bench/node`), publish, consume and event_log
 also run with Node clients on both sides (`--clients both`), the fair comparison with JetStream, and
 bayeux and rest run (the CometD client against ours and Faye; the HTTP pull API against the ceiling of
@@ -176,6 +178,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="every script's --quick")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--runs", type=int, default=1, help="run the whole set this many times (default 1)")
     parser.add_argument("--only", nargs="+", choices=SCRIPTS, help="run these scripts only")
     parser.add_argument("--markdown", type=Path, help="write the table as Markdown to this file")
     parser.add_argument("--plots", type=Path, help="write the scripts' plots into this directory")
@@ -183,35 +186,64 @@ def main() -> None:
     console = Console(stderr=args.json)
     if args.plots is not None:
         args.plots.mkdir(parents=True, exist_ok=True)
-    results: dict[str, dict[str, Any]] = {}
-    for name in args.only or [s for s in SCRIPTS if NODE_READY or s not in NODE_ONLY]:
-        console.print(f"running bench/{name}.py{' --quick' if args.quick else ''} ...")
-        results[name] = run_script(name, args.quick, args.plots, console)
+    runs: list[dict[str, dict[str, Any]]] = []
+    for run in range(args.runs):
+        results: dict[str, dict[str, Any]] = {}
+        for name in args.only or [s for s in SCRIPTS if NODE_READY or s not in NODE_ONLY]:
+            of = f" (run {run + 1} of {args.runs})" if args.runs > 1 else ""
+            console.print(f"running bench/{name}.py{' --quick' if args.quick else ''}{of} ...")
+            results[name] = run_script(name, args.quick, args.plots, console)
+        runs.append(results)
+        if args.markdown is not None:  # after every run: a long series stopped early keeps what it measured
+            write_markdown(args.markdown, runs, args.quick, args.runs)
+    rows = [(f"{script}: {key}", shown, target) for script, key, shown, target in headline_rows(runs)]
+    title = f"all benchmarks ({'quick' if args.quick else 'full'}{f', {args.runs} runs' if args.runs > 1 else ''})"
+    print_report(console, title, rows, runs[0] if args.runs == 1 else {"runs": runs}, args.json)
+
+
+def write_markdown(path: Path, runs: list[dict[str, dict[str, Any]]], quick: bool, planned: int) -> None:
+    """The table for bench/README.md, with the date, the machine and the command: a column per run."""
+    command = "python bench/run_all.py" + (" --quick" if quick else "") + (f" --runs {planned}" if planned > 1 else "")
+    machine = f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}"
+    done = f" ({len(runs)} of the {planned} runs done)" if len(runs) < planned else ""
+    value = "value" if planned == 1 else " | ".join(f"run {i + 1}" for i in range(len(runs)))
+    lines = [
+        f"{datetime.date.today().isoformat()}, {machine}, `{command}`{done}:",
+        "",
+        f"| script | figure | {value} | target |",
+        f"|---|---|{'---|' * len(runs)}---|",
+    ]
+    lines += [
+        f"| {script} | `{key}` | {shown.replace(' / ', ' | ')} | {target} |"
+        for script, key, shown, target in headline_rows(runs)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def headline_rows(runs: list[dict[str, dict[str, Any]]]) -> list[tuple[str, str, str, str]]:
+    """(script, figure, its value in each run joined by " / ", target with its verdict) for every
+    headline of the scripts that ran. The verdict is "met" / "not met" for one run; for several, in how
+    many of the runs that gave the figure the target held."""
     rows = []
     for script, key, target, check in HEADLINES:
-        if script not in results:
+        if script not in runs[0]:
             continue
-        value = results[script].get(key)
-        if isinstance(value, float):
-            value = round(value, 3)
-        shown = "failed" if "error" in results[script] else ("-" if value is None else f"{value}")
-        verdict = "" if check is None or value is None else (" (met)" if check(value) else " (not met)")
-        rows.append((f"{script}: {key}", shown, target + verdict))
-    print_report(console, f"all benchmarks ({'quick' if args.quick else 'full'})", rows, results, args.json)
-    if args.markdown is not None:
-        command = "python bench/run_all.py" + (" --quick" if args.quick else "")
-        machine = f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}"
-        lines = [
-            f"{datetime.date.today().isoformat()}, {machine}, `{command}`:",
-            "",
-            "| script | figure | value | target |",
-            "|---|---|---|---|",
-        ]
-        for (script, key, _, _), (_, shown, target) in zip(
-            [h for h in HEADLINES if h[0] in results], rows, strict=True
-        ):
-            lines.append(f"| {script} | `{key}` | {shown} | {target} |")
-        args.markdown.write_text("\n".join(lines) + "\n")
+        shown, held, judged = [], 0, 0
+        for results in runs:
+            value = results[script].get(key)
+            if isinstance(value, float):
+                value = round(value, 3)
+            shown.append("failed" if "error" in results[script] else ("-" if value is None else f"{value}"))
+            if check is not None and value is not None:
+                judged += 1
+                held += bool(check(value))
+        verdict = ""
+        if judged and len(runs) == 1:
+            verdict = " (met)" if held else " (not met)"
+        elif judged:
+            verdict = f" (met in {held} of {judged})"
+        rows.append((script, key, " / ".join(shown), target + verdict))
+    return rows
 
 
 if __name__ == "__main__":

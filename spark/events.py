@@ -66,10 +66,13 @@ def _each_event(lines: DataFrame) -> DataFrame:
 
 
 def paths_of(inputs: Sequence[str | Path]) -> list[str]:
-    """Event-log files: a directory stands for the `*.jsonl` files in it."""
+    """Event-log files: a directory stands for the `*.jsonl` files in it. Raises FileNotFoundError
+    naming an input that is not there, or when there are none."""
     out: list[str] = []
     for item in inputs:
         path = Path(item)
+        if not path.exists():
+            raise FileNotFoundError(f"{item}: no such file or directory")
         out += sorted(str(p) for p in path.glob("*.jsonl")) if path.is_dir() else [str(path)]
     if not out:
         raise FileNotFoundError(f"no event-log files (*.jsonl) in {', '.join(map(str, inputs))}")

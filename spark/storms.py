@@ -30,7 +30,7 @@ from pyspark.sql import functions as F  # noqa: E402
 
 from spark import analyses, report  # noqa: E402
 from spark.analyses import Settings  # noqa: E402
-from spark.events import read  # noqa: E402
+from spark.events import paths_of, read  # noqa: E402
 
 POISON_EXAMPLES = 20
 
@@ -185,6 +185,11 @@ def parse(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, Settin
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, settings = parse(argv)
+    try:
+        paths_of(args.input)  # before Spark starts (seconds): a wrong directory is said at once
+    except FileNotFoundError as e:
+        print(f"storms: {e}", file=sys.stderr)
+        return 2
     if args.clean and args.output.exists():
         shutil.rmtree(args.output)
     spark = session(args.master)

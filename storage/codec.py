@@ -133,12 +133,13 @@ def decode_message(key: Raw, value: Raw, channel: str) -> Message:
     reply_end = MSG_HEADER_SIZE + reply_len
     if reply_end > len(value):
         raise _corrupt(key, channel, "reply length past the end of the value")
+    data = value[reply_end:]  # a copy already when LMDB handed out bytes (it does but for `buffers`)
     return Message(
         _SEQ_OF_KEY.unpack_from(key, 4)[0],
         timestamp,
         channel,
         str(value[MSG_HEADER_SIZE:reply_end], "utf-8") if reply_len else "",
-        bytes(value[reply_end:]),
+        data if type(data) is bytes else bytes(data),
     )
 
 

@@ -8,7 +8,6 @@ Durations are seconds, or strings with a unit as nats-streaming-server writes th
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -339,6 +338,8 @@ def _format(exc: BaseException, type_: type | None) -> str:
 
 def load(path: str | Path, overrides: dict[str, Any] | None = None) -> ServerConfig:
     """Read a TOML file, apply flag overrides (top-level keys), and build the config."""
+    import tomllib  # only a start with a file pays for loading it
+
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)

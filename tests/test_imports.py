@@ -55,6 +55,12 @@ def test_the_server_command_reads_its_configuration_before_loading_the_server() 
     assert not [m for m in serving if m.startswith(("bcrypt", "cryptography", "streaming.bayeux", "streaming.pull"))]
 
 
+def test_a_server_without_a_configuration_file_loads_no_toml_parser() -> None:
+    """The TOML parser is loaded only to read a file: before the state walk forks, and by the server."""
+    loaded = loaded_by("import streaming.cli.early_walk, streaming.cli.server, streaming.cli.run, streaming.server")
+    assert "tomllib" not in loaded
+
+
 def test_lmdb_store_is_there_when_named() -> None:
     loaded = loaded_by("from storage import LmdbStore")
     assert "lmdb" in loaded

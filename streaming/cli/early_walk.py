@@ -13,7 +13,6 @@ never a wrong answer.
 from __future__ import annotations
 
 import argparse
-import tomllib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -51,6 +50,8 @@ def _store_directory(argv: list[str]) -> str | None:
         return None
     file: dict[str, Any] = {}
     if args.config:
+        import tomllib  # here: loading it first would delay the walk of a start without a file
+
         try:
             with open(args.config, "rb") as f:
                 file = tomllib.load(f)

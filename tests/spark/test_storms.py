@@ -54,14 +54,16 @@ def test_the_command_counts_bad_lines_and_still_reports(tmp_path: Path) -> None:
 
 
 def test_the_command_says_what_is_missing(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "spark" / "storms.py"), "--input", str(tmp_path), "--output", str(tmp_path / "o")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 2
-    assert "no event-log files" in done.stderr
+    """An input without event logs, one that is not there (not Spark's traceback), a bad setting."""
+    for given, said in ((tmp_path, "no event-log files"), (tmp_path / "gone", "gone: no such file or directory")):
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "spark" / "storms.py"), "--input", str(given), "--output", str(tmp_path / "o")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 2
+        assert said in done.stderr
     bad = subprocess.run(
         [sys.executable, str(ROOT / "spark" / "storms.py"), "--input", "x", "--output", "y", "--bucket", "0"],
         capture_output=True,
