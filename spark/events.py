@@ -66,10 +66,14 @@ def _each_event(lines: DataFrame) -> DataFrame:
 
 
 def paths_of(inputs: Sequence[str | Path]) -> list[str]:
-    """Event-log files: a directory stands for the `*.jsonl` files in it. Raises FileNotFoundError
-    naming an input that is not there, or when there are none."""
+    """Event-log files: a local directory stands for the `*.jsonl` files in it, and a URL (`hdfs://...`)
+    is Spark's to read. Raises FileNotFoundError naming a local input that is not there, or when
+    there are none."""
     out: list[str] = []
     for item in inputs:
+        if "://" in str(item):
+            out.append(str(item))
+            continue
         path = Path(item)
         if not path.exists():
             raise FileNotFoundError(f"{item}: no such file or directory")
