@@ -133,7 +133,7 @@ def decode_message(key: Raw, value: Raw, channel: str) -> Message:
     reply_end = MSG_HEADER_SIZE + reply_len
     if reply_end > len(value):
         raise _corrupt(key, channel, "reply length past the end of the value")
-    data = value[reply_end:]  # a copy already when LMDB handed out bytes (it does but for `buffers`)
+    data = value[reply_end:]  # already a new bytes object unless `value` is a memoryview: copy only then
     return Message(
         _SEQ_OF_KEY.unpack_from(key, 4)[0],
         timestamp,
