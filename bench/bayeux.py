@@ -1,7 +1,7 @@
 """Bayeux (CometD) delivery: ours (ack extension on, durable log, fsync per commit) vs Faye, same run,
 over long-polling and over WebSocket.
 
-    python bench/bayeux.py [--quick] [--json] [--runs N] [--rate R]
+    python bench/bayeux.py [--quick] [--json] [--runs N] [--rate R] [--auto-batch]
 
 Both servers are driven by the same real client, `cometd@9` + `cometd-nodejs-client@2` under Node
 with AckExtension registered (`bench/node/bayeux_clients.mjs`): one subscriber, one publisher, on
@@ -13,6 +13,10 @@ asked for: no silent fallback).
   frame (`cometd.batch`), each batch once the last is answered; msgs/s = N / (last delivery - start).
 - latency: the publisher sends one message per request at a fixed rate (`--rate`, default 200/s),
   stamped with its send time; latency = arrival at the subscriber - send, same process clock.
+  Over long-polling the CometD client keeps one connection for the held connect and sends every
+  other request on the second, one at a time: a publish queued behind one in flight waits for its
+  answer (ours: after the fsync). `--auto-batch` turns on the client's `autoBatch` (what queued
+  up goes as one request) for every system; by default the client runs as it comes.
 Ours: `streaming-server --http_api_port` (a publish is answered after its commit, every message in
 the durable log, the subscriber acknowledging batches). Faye 1.4 (npm `faye`, `bench/node/faye_server.js`):
 a Node Bayeux server that keeps nothing on disk and has no acks. Each server is fresh for each run.
@@ -69,11 +73,17 @@ def server(system: str) -> AbstractContextManager[peers.Server]:
     return peers.http_server("faye", ["node", str(NODE_DIR / "faye_server.js"), "{port}"])
 
 
-def run_client(system: str, transport: str, mode: str, count: int, knob: int, warmup: int) -> dict[str, Any]:
+def run_client(
+    system: str, transport: str, mode: str, count: int, knob: int, warmup: int, *, auto_batch: bool = False
+) -> dict[str, Any]:
+    """One run of the CometD clients against a fresh `system`; `auto_batch`: both clients with CometD's
+    `autoBatch` on."""
     with server(system) as srv:
         cpu = ServerCpu(srv.pid)
         url = f"http://127.0.0.1:{srv.port}/cometd"
         argv = ["node", str(NODE_DIR / "bayeux_clients.mjs"), url, mode, str(count), str(knob), transport, str(warmup)]
+        if auto_batch:
+            argv.append("autobatch")
         result = drive(argv, cpu, "ready")
         if not result.get("ok"):
             raise SystemExit(f"{system} {transport} {mode}: {result.get('error')}")
@@ -100,6 +110,9 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=int, help="rounds (default 5, quick 3)")
     parser.add_argument("--rate", type=int, default=200, help="messages/s in the latency run (default 200)")
+    parser.add_argument(
+        "--auto-batch", action="store_true", help="the CometD clients with autoBatch on (default off, as CometD ships)"
+    )
     args = parser.parse_args()
     if not (NODE_DIR / "node_modules" / "faye").exists():
         raise SystemExit("the Node clients are not installed: npm ci --prefix bench/node")
@@ -108,6 +121,7 @@ def main() -> None:
     runs = args.runs or (3 if args.quick else 5)
     result: dict[str, Any] = {"scale": "quick" if args.quick else "full", "machine": machine(), "runs": runs}
     result.update({"messages": count, "latency_messages": timed, "rate": args.rate, "batch": BATCH, "warmup": warmup})
+    result["auto_batch"] = args.auto_batch
     samples: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     order = plan(runs)
     with progress(console) as bar:
@@ -116,7 +130,7 @@ def main() -> None:
             bar.update(task, description=f"{system} {transport}: {mode}")
             size, knob = (count, BATCH) if mode == "throughput" else (timed, args.rate)
             samples.setdefault((transport, mode, system), []).append(
-                run_client(system, transport, mode, size, knob, warmup)
+                run_client(system, transport, mode, size, knob, warmup, auto_batch=args.auto_batch)
             )
             bar.advance(task)
     rows: list[tuple[str, str, str]] = []
@@ -166,7 +180,8 @@ def main() -> None:
         rows.append((f"{prefix}floor_p99_ratio_vs_faye", f"{result[prefix + 'floor_p99_ratio_vs_faye']}", ""))
         rows.append((f"{prefix}throughput_ratio_vs_floor", f"{result[prefix + 'throughput_ratio_vs_floor']}", ""))
         rows.append((f"{prefix}client_ceiling_vs_faye", f"{result[prefix + 'client_ceiling_vs_faye']}", ""))
-    title = f"Bayeux with the CometD client: {count:,} messages, latency at {args.rate}/s ({result['scale']})"
+    batching = ", autoBatch" if args.auto_batch else ""
+    title = f"Bayeux with the CometD client{batching}: {count:,} messages, latency at {args.rate}/s ({result['scale']})"
     print_report(console, title, rows, result, args.json)
 
 

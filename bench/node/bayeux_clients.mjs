@@ -1,17 +1,20 @@
 // The real CometD client (cometd 9 + cometd-nodejs-client, AckExtension registered) for bench/bayeux.py:
 // one subscriber, one publisher, both over <transport> (long-polling or websocket).
-// Usage: node bayeux_clients.mjs <url> throughput <count> <batch> [transport] [warmup]   (batches of <batch>)
-//        node bayeux_clients.mjs <url> latency <count> <rate> [transport] [warmup]      (one every 1/rate s)
+// Usage: node bayeux_clients.mjs <url> throughput <count> <batch> [transport] [warmup] [autobatch]   (batches of <batch>)
+//        node bayeux_clients.mjs <url> latency <count> <rate> [transport] [warmup] [autobatch]      (one every 1/rate s)
 // First <warmup> messages go through untimed (both sides' code warm), then the timed run.
+// "autobatch": both clients configured with CometD's `autoBatch` (requests queued behind the one in
+// flight go as one), not its default.
 // Prints "ready" once subscribed and warmed up, then one JSON line: {"ok": true, ...}.
 import { adapt } from "cometd-nodejs-client";
 import { CometD, AckExtension } from "cometd";
 
-const [url, mode, countText, knobText, transportText, warmupText] = process.argv.slice(2);
+const [url, mode, countText, knobText, transportText, warmupText, autoBatchText] = process.argv.slice(2);
 const count = Number(countText);
 const knob = Number(knobText);
 const websocket = transportText === "websocket";
 const warmup = Number(warmupText || 0);
+const autoBatch = autoBatchText === "autobatch";
 const CHANNEL = "/bench/a";
 const FILLER = "x".repeat(100);
 
@@ -20,7 +23,7 @@ function client() {
   const cometd = new CometD();
   cometd.websocketEnabled = websocket;
   cometd.registerExtension("ack", new AckExtension());
-  cometd.configure({ url, maxNetworkDelay: 30000, appendMessageTypeToURL: false });
+  cometd.configure({ url, maxNetworkDelay: 30000, appendMessageTypeToURL: false, autoBatch });
   return cometd;
 }
 const fail = (error) => { console.log(JSON.stringify({ ok: false, error: String(error) })); process.exit(1); };

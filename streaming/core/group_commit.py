@@ -1,11 +1,11 @@
 """Publish group commit under Trio: every publish accepted from any front door while the store is busy
-goes into the next single commit of the pipeline (`Pipeline.commit`: one `Store.append`, one journal
+goes into the next single commit of the pipeline (`Pipeline.commit_steps`: one `Store.append`, one journal
 record, fsynced unless `file_sync` is off; then deliveries, then every publisher's acknowledgement,
 in arrival order, as the reference server does).
 
 It decides only *when* a batch is committed and *on which thread* its store calls run; the sequence
-itself is the pipeline's (`Pipeline.commit_steps`), driven here step by step (`_drive`) or, at the end
-of an input span, inline (`Pipeline.commit`).
+itself is the pipeline's, driven here step by step: by the commit task (`_drive`) or, at the end of an
+input span, inline on the loop (`after_span`).
 
 When: a lone publish is committed at once (a batch of one), so sequential publishers are not delayed;
 under load the batch grows by itself while the previous commit runs. When only one publisher has been
@@ -23,12 +23,23 @@ Where: small appends (up to `inline_batch` messages and `inline_bytes` of payloa
 loop, where they cost less than the hop to the store thread and back; larger ones, and channel
 creation, on the store thread. Accepted publishes beyond `high_water` make the publishing connections
 wait (TCP back-pressure), so memory stays bounded.
+
+That holds while the disk is quick. An append on the loop holds every connection for as long as its
+fsync takes. A stalled one of 160 ms froze every client of a server here. With a disk that takes
+3-8 ms a sync, a publisher sending 200 frames a second over WebSocket fell further behind with every
+frame (bench/README.md): each frame waited for an fsync of its own, one after the other. So appends
+also go to the store thread while their running average (`SLOW_APPEND_S`, wherever they ran) says the
+disk is slow, or right after one stall (one append of 20 ms or more is enough). The loop then goes on
+delivering, acknowledging and reading while the disk works, and the publishes that arrive meanwhile
+share the next commit. Once the average is quick again, appends come back to the loop. The first
+slow append of a spell still holds the loop: nothing tells it is coming.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Sequence
 
 import attrs
@@ -39,6 +50,12 @@ from streaming.core.pipeline import CommitSteps, Pipeline, StoreStep
 
 log = logging.getLogger(__name__)
 _SHARED_WINDOW_S = 0.01  # publishes from two sources this close together: commit in the task
+# Appends averaging this long hold every client for several times a usual fsync (0.07-0.5 ms on the
+# machines measured, p99 up to 4 ms: bench/README.md), where the hop to the store thread costs their
+# publishers ~0.1 ms: the disk is slow, and they go to the store thread.
+SLOW_APPEND_S = 0.002
+APPEND_WEIGHT = 0.1  # the newest append's weight in the running average: one of 20 ms tips it
+_WARN_EVERY_S = 60.0  # a slow disk is said in the log at most this often
 
 
 @attrs.frozen
@@ -48,7 +65,9 @@ class GroupCommitStatistics:
     messages: int
     largest_batch: int
     inline_commits: int  # commits made at the end of an input span, not by the commit task
-    thread_commits: int  # commits whose append ran on the store thread (batches too large to hold the loop)
+    thread_commits: int  # commits whose append ran on the store thread (a large batch, or a slow disk)
+    slow_disk_commits: int  # of those, small ones sent there because appends were slow (SLOW_APPEND_S)
+    append_average_s: float  # the running average of a small append's time, on the loop or the store thread
 
 
 class Ticket:
@@ -141,6 +160,9 @@ class GroupCommit:
         self._sources = _Sources()
         self.inline_commits = 0
         self.thread_commits = 0
+        self.slow_disk_commits = 0
+        self._append_s = 0.0  # running average of an append's time, wherever it ran
+        self._warned_at = -_WARN_EVERY_S
 
     def submit(self, publish: Publish, source: object) -> bool:
         """Queue a publish; committed at the end of the current input span, or by the task. False when
@@ -176,7 +198,8 @@ class GroupCommit:
         self._queue = []
         self.inline_commits += 1
         try:
-            self._pipeline.commit(queue, channels_checked=True)  # `_commit_here` checked them
+            for step in self._pipeline.commit_steps(queue, channels_checked=True):  # `_commit_here` checked them
+                self._run_on_loop(step)
         except Exception:
             self._pipeline.refuse(queue)
         self._done(queue)
@@ -238,6 +261,8 @@ class GroupCommit:
             pipeline.largest_batch,
             self.inline_commits,
             self.thread_commits,
+            self.slow_disk_commits,
+            self._append_s,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -291,14 +316,45 @@ class GroupCommit:
                 # A small batch means a lightly loaded server whose publishers wait on this commit: the
                 # hop to a worker thread and back would cost them more than holding the loop for the
                 # fsync.
-                step.run()
+                self._run_on_loop(step)
                 if step.appending is None:
                     await trio.lowlevel.checkpoint()
-            else:
-                # A large batch goes to the thread so that parsing overlaps the fsync.
-                if step.appending is not None:
-                    self.thread_commits += 1
+            elif step.appending is None:
                 await trio.to_thread.run_sync(step.run)
+            else:
+                # A large batch goes to the thread so that parsing overlaps the fsync; so does any
+                # while the disk is slow, so that the loop is not held for it.
+                self.thread_commits += 1
+                took = await trio.to_thread.run_sync(_timed_run, step)
+                if self._small(step.appending):  # the average is of small appends: the disk's, not the batch's
+                    self.slow_disk_commits += 1
+                    self._timed(took)
+
+    def _run_on_loop(self, step: StoreStep) -> None:
+        """Make a store call on the loop, timing an append on the loop's clock."""
+        if step.appending is None or not self._in_thread:
+            step.run()
+            return
+        started = trio.current_time()
+        step.run()
+        self._timed(trio.current_time() - started)
+
+    def _timed(self, seconds: float) -> None:
+        """An append took `seconds`: into the running average, and a slow disk said in the log."""
+        was_slow = self._append_s >= SLOW_APPEND_S
+        self._append_s += APPEND_WEIGHT * (seconds - self._append_s)
+        if was_slow or self._append_s < SLOW_APPEND_S:
+            return
+        now = trio.current_time()
+        if now - self._warned_at >= _WARN_EVERY_S:
+            self._warned_at = now
+            log.warning(
+                "the disk is slow (an append took %.1f ms, %.1f ms on average): appends run on the store "
+                "thread until they are quick again, so that they do not hold every client (said at most "
+                "once a minute)",
+                seconds * 1000,
+                self._append_s * 1000,
+            )
 
     def _on_loop(self, step: StoreStep) -> bool:
         if not self._in_thread:
@@ -311,6 +367,10 @@ class GroupCommit:
         than the loop is held (see bench/README.md, *Figures behind choices*)."""
         if not self._in_thread:
             return True
+        return self._append_s < SLOW_APPEND_S and self._small(batch)
+
+    def _small(self, batch: list[Publish]) -> bool:
+        """Whether `batch` is small enough to hold the loop for while the disk is quick."""
         return (
             self._appends_on_loop
             and len(batch) <= self._inline_batch
@@ -323,3 +383,10 @@ class GroupCommit:
         self._progress = trio.Event()
         if not self._room.is_set() and len(self._queue) < self._high_water // 2:
             self._room.set()
+
+
+def _timed_run(step: StoreStep) -> float:
+    """`step.run()` on the store thread; how long it took there."""
+    started = time.perf_counter()
+    step.run()
+    return time.perf_counter() - started
