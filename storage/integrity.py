@@ -5,7 +5,8 @@ a truncated file makes the process die with SIGBUS the first time a page past th
 damaged page headers can send it anywhere. So nothing here hands a file to LMDB:
 
 - `lmdb_file_problem` reads an LMDB data file's two meta pages with plain reads and compares the last
-  page they name with the file's size (truncation), before the file is ever mapped;
+  page they name with the file's size, before the file is ever mapped; a file that ends early is
+  walked, since only free pages may lie past its end;
 - `structure_problems` (storage.state_walk) runs py-lmdb's offline verifier (`lmdb.verify`), a
   pure-Python walk of every page reachable from the roots, before LMDB reads any of them;
 - `missing_files` says which of the files a store needs are gone or empty, given what the others show.
@@ -17,13 +18,14 @@ The message-level checks (every checksum, every channel's count) read through LM
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import attrs
 
 from storage.codec import spans
 from storage.records import RecoveredState, RecoveredSubscription
+from storage.state_walk import structure_problems
 
 _MAGIC = 0xBEEFC0DE
 _DATA_VERSION = 1
@@ -34,8 +36,15 @@ _DB = struct.Struct("=IHHQQQQQ")  # md_pad (the page size, in the free DB's reco
 _NO_PAGE = (1 << 64) - 1
 
 
-def lmdb_file_problem(data_file: Path) -> str | None:
-    """What is wrong with an LMDB data file's meta pages or length, in words (None: nothing)."""
+def lmdb_file_problem(data_file: Path, walk: Callable[[], list[str]] | None = None) -> str | None:
+    """What is wrong with an LMDB data file's meta pages or length, in words (None: nothing).
+
+    A file may legally end before the last page its meta page names: LMDB writes only the pages a
+    transaction leaves in use, so pages it took from the end of the file and freed again before
+    committing stay on the free list, unwritten, and LMDB never reads a free page (it writes a fresh
+    copy when it reuses one). So a short file is damaged only if a page the trees reach lies past
+    its end, which the structure walk finds (`walk`: that walk's findings, if it is run anyway;
+    otherwise it is run here, which happens only for a file that is short)."""
     try:
         size = data_file.stat().st_size
         with open(data_file, "rb") as f:
@@ -56,7 +65,9 @@ def lmdb_file_problem(data_file: Path) -> str | None:
     meta = max(first, second, key=lambda m: m.txnid)
     needed = (meta.last_page + 1) * meta.psize
     if size < needed:
-        return f"is truncated: it is {size} bytes long, but its pages run to byte {needed}"
+        found = walk() if walk is not None else structure_problems(data_file.parent)
+        if found:
+            return f"is truncated: it is {size} bytes long, but its pages run to byte {needed} ({found[0]})"
     for name, root in (("free-page", meta.free_root), ("main", meta.main_root)):
         if root != _NO_PAGE and not 2 <= root <= meta.last_page:
             return f"has a damaged meta page (transaction {meta.txnid}): the {name} tree's root is page {root}"

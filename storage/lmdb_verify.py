@@ -5,6 +5,7 @@ show existed, the journal files as long as they were), and the messages (every c
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import cast
@@ -26,9 +27,21 @@ def check_files(
     store whose message file is gone while the others hold data. Raises DamagedStoreError naming the
     file. `state_walk`: the state file's structure walk, begun earlier."""
     msgs_data, state_data = msgs_dir / "data.mdb", state_dir / "data.mdb"
+    walked: dict[Path, list[str]] = {}
+
+    def walk(env_dir: Path) -> list[str]:
+        """The structure walk of an environment, once (both the length check and the structure check
+        may want it)."""
+        if env_dir not in walked:
+            if state_walk is not None and state_walk.env_dir == env_dir:
+                walked[env_dir] = state_walk.problems()
+            else:
+                walked[env_dir] = structure_problems(env_dir)
+        return walked[env_dir]
+
     for data in (msgs_data, state_data):
         if not is_empty_or_missing(data):
-            problem = lmdb_file_problem(data)
+            problem = lmdb_file_problem(data, functools.partial(walk, data.parent))
             if problem is not None:
                 raise DamagedStoreError(f"{data} {problem}")
     if is_empty_or_missing(msgs_data):
@@ -40,10 +53,7 @@ def check_files(
             )
     for env_dir, check in ((state_dir, True), (msgs_dir, verify == "full")):
         if check and not is_empty_or_missing(env_dir / "data.mdb"):
-            if state_walk is not None and state_walk.env_dir == env_dir:
-                problems = state_walk.problems()
-            else:
-                problems = structure_problems(env_dir)
+            problems = walk(env_dir)
             if problems:
                 more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
                 raise DamagedStoreError(f"{env_dir / 'data.mdb'} is damaged: {problems[0]}{more}")

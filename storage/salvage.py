@@ -138,11 +138,19 @@ class Salvage:
         if is_empty_or_missing(data):
             self.problems.append(f"{data} is {'empty' if data.exists() else 'missing'}")
             return False
-        problem = lmdb_file_problem(data)
+        found = None
+
+        def walk() -> list[str]:
+            nonlocal found
+            if found is None:
+                found = structure_problems(data.parent)
+            return found
+
+        problem = lmdb_file_problem(data, walk)
         if problem is not None:
             self.problems.append(f"{data} {problem}")
             return False
-        found = structure_problems(data.parent)
+        found = walk()
         if found:
             more = f" (and {len(found) - 1} more problems)" if len(found) > 1 else ""
             self.problems.append(f"{data} is damaged: {found[0]}{more}")
