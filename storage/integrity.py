@@ -5,8 +5,9 @@ a truncated file makes the process die with SIGBUS the first time a page past th
 damaged page headers can send it anywhere. So nothing here hands a file to LMDB:
 
 - `lmdb_file_problem` reads an LMDB data file's two meta pages with plain reads and compares the last
-  page they name with the file's size, before the file is ever mapped; a file that ends early is
-  walked, since only free pages may lie past its end;
+  page they name with the file's size, before the file is ever mapped; a file that ends early must
+  have only free pages past its end (its free list, read by storage.lmdb_pages, or else the walk
+  below, says whether it does);
 - `structure_problems` (storage.state_walk) runs py-lmdb's offline verifier (`lmdb.verify`), a
   pure-Python walk of every page reachable from the roots, before LMDB reads any of them;
 - `missing_files` says which of the files a store needs are gone or empty, given what the others show.
@@ -24,6 +25,7 @@ from pathlib import Path
 import attrs
 
 from storage.codec import spans
+from storage.lmdb_pages import free_pages
 from storage.records import RecoveredState, RecoveredSubscription
 from storage.state_walk import structure_problems
 
@@ -43,8 +45,9 @@ def lmdb_file_problem(data_file: Path, walk: Callable[[], list[str]] | None = No
     transaction leaves in use, so pages it took from the end of the file and freed again before
     committing stay on the free list, unwritten, and LMDB never reads a free page (it writes a fresh
     copy when it reuses one). So a short file is damaged only if a page the trees reach lies past
-    its end, which the structure walk finds (`walk`: that walk's findings, if it is run anyway;
-    otherwise it is run here, which happens only for a file that is short)."""
+    its end. When the free list holds every page past the end, that settles it; otherwise the
+    structure walk decides (`walk`: that walk's findings, if it is run anyway; else it is run here:
+    0.6 s for a message file of 250,000 messages, so only for a file the free list does not explain)."""
     try:
         size = data_file.stat().st_size
         with open(data_file, "rb") as f:
@@ -64,7 +67,7 @@ def lmdb_file_problem(data_file: Path, walk: Callable[[], list[str]] | None = No
     # LMDB uses the meta page of the newer transaction.
     meta = max(first, second, key=lambda m: m.txnid)
     needed = (meta.last_page + 1) * meta.psize
-    if size < needed:
+    if size < needed and not _only_free_pages_past_end(data_file, meta, size):
         found = walk() if walk is not None else structure_problems(data_file.parent)
         if found:
             return f"is truncated: it is {size} bytes long, but its pages run to byte {needed} ({found[0]})"
@@ -72,6 +75,18 @@ def lmdb_file_problem(data_file: Path, walk: Callable[[], list[str]] | None = No
         if root != _NO_PAGE and not 2 <= root <= meta.last_page:
             return f"has a damaged meta page (transaction {meta.txnid}): the {name} tree's root is page {root}"
     return None
+
+
+def _only_free_pages_past_end(data_file: Path, meta: _Meta, size: int) -> bool:
+    """Whether the free list (read from its own tree, a few pages) holds every page past the file's
+    end: then nothing reaches them, and the walk of the whole file is not needed to say so."""
+    if meta.free_root == _NO_PAGE:
+        return False
+    try:
+        free = free_pages(data_file, meta.psize, meta.free_root, meta.last_page)
+    except OSError:
+        return False  # the walk that follows says what is wrong
+    return free is not None and all(page in free for page in range(size // meta.psize, meta.last_page + 1))
 
 
 @attrs.frozen
