@@ -120,14 +120,19 @@ def test_lmdb_leaves_files_short_on_its_own_and_every_one_is_accepted(tmp_path: 
     assert short > 0, "LMDB never left the file short: the workload no longer shows what this test is about"
 
 
-def test_a_file_cut_into_pages_in_use_is_truncated(tmp_path: Path) -> None:
-    env = lmdb.open(str(tmp_path), max_dbs=16)
+def short_file_with_data(env_dir: Path) -> None:
+    """An environment of 300 records whose file ends where its free pages begin."""
+    env = lmdb.open(str(env_dir), max_dbs=16)
     with env.begin(write=True) as txn:
         for i in range(300):
             txn.put(b"k%05d" % i, b"x" * 200)
     env.close()
-    free_the_tail(tmp_path)
-    cut_free_tail(tmp_path)
+    free_the_tail(env_dir)
+    cut_free_tail(env_dir)
+
+
+def test_a_file_cut_into_pages_in_use_is_truncated(tmp_path: Path) -> None:
+    short_file_with_data(tmp_path)
     data = tmp_path / "data.mdb"
     data.write_bytes(data.read_bytes()[:-PAGE])  # one page more: one the trees reach
     problem = lmdb_file_problem(data)
@@ -176,13 +181,7 @@ def test_reading_the_free_list_of_a_damaged_file_never_fails(tmp_path: Path, dam
     template = tmp_path / "template"
     if not template.exists():
         template.mkdir()
-        env = lmdb.open(str(template), max_dbs=16)
-        with env.begin(write=True) as txn:
-            for i in range(300):
-                txn.put(b"k%05d" % i, b"x" * 200)
-        env.close()
-        free_the_tail(template)
-        cut_free_tail(template)
+        short_file_with_data(template)
     raw = bytearray((template / "data.mdb").read_bytes())
     for offset, data in damage:
         raw[offset : offset + len(data)] = data
