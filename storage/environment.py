@@ -146,3 +146,14 @@ def delete_prefix(cursor: lmdb.Cursor, prefix: bytes) -> None:
         while cursor.key()[: len(prefix)] == prefix:
             if not cursor.delete():
                 break
+
+
+def put_again(txn: lmdb.Transaction, key: bytes, value: bytes, db: lmdb._Database) -> None:
+    """Store `value` under a key that may have been written earlier in the same transaction. LMDB
+    rewrites a value it keeps on overflow pages of its own (one of more than ~2 KB), written earlier in
+    the transaction, in place, whatever the new value's length, keeping the pages' count: legal for
+    LMDB, but the structure walk (py-lmdb's verifier) reports such a run as damage, and the store would
+    then refuse its own healthy file. Deleting the old value first makes LMDB store the new one afresh.
+    For records written seldom (subscriptions, clients): it costs a delete each."""
+    txn.delete(key, db=db)
+    txn.put(key, value, db=db)

@@ -17,7 +17,7 @@ import attrs
 import lmdb
 
 from storage.codec import NAKED_PENDING, PENDING_KEY, U32, U64, decode_record, encode_record
-from storage.environment import Environment, delete_prefix
+from storage.environment import Environment, delete_prefix, put_again
 from storage.errors import DamagedStoreError, IntegrityError
 from storage.records import (
     ChannelInfo,
@@ -91,7 +91,7 @@ class SubscriptionState:
                     txn.put(U64.pack(update.sub_id), U64.pack(update.last_sent), db=dbs["lastsent"])
                 elif isinstance(update, SaveSubscription):
                     key = U64.pack(update.record.sub_id)
-                    txn.put(key, encode_record(update.record), db=dbs["subs"])
+                    put_again(txn, key, encode_record(update.record), dbs["subs"])
                     txn.put(key, U64.pack(update.record.last_sent), db=dbs["lastsent"])
                     highest = max(highest, update.record.sub_id)
                 elif isinstance(update, DeleteSubscription):
@@ -100,7 +100,7 @@ class SubscriptionState:
                     txn.delete(key, db=dbs["lastsent"])
                     delete_prefix(txn.cursor(db=dbs["pending"]), key)
                 elif isinstance(update, SaveClient):
-                    txn.put(update.record.client_id.encode(), encode_record(update.record), db=dbs["clients"])
+                    put_again(txn, update.record.client_id.encode(), encode_record(update.record), dbs["clients"])
                 elif isinstance(update, DeleteClient):
                     txn.delete(update.client_id.encode(), db=dbs["clients"])
             if highest:
