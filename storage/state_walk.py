@@ -13,11 +13,12 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import signal
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WALK_AHEAD_BYTES", "WalkAhead", "structure_problems"]
+__all__ = ["WALK_AHEAD_BYTES", "WalkAhead", "structure_problems", "without_reused_runs"]
 
 
 def structure_problems(env_dir: Path) -> list[str]:
@@ -26,11 +27,54 @@ def structure_problems(env_dir: Path) -> list[str]:
     # loads this module) never loads LMDB.
     verifier: Any = importlib.import_module("lmdb.verify")
     try:
-        return list(verifier.verify(str(env_dir)))
+        return without_reused_runs(list(verifier.verify(str(env_dir))))
     except verifier.VerifyError as exc:
         return [str(exc)]
     except OSError as exc:
         return [f"cannot be read ({exc})"]
+
+
+_REUSED_RUN = re.compile(r"(.+) DB: overflow page (\d+) header mp_pages (\d+) != OVPAGES\(\d+\)=(\d+)")
+_OVERFLOW_COUNT = re.compile(r"(.+) DB: walked (\d+) overflow pages, record says (\d+)")
+_LEAK = re.compile(r"(\d+) page\(s\) are neither reachable nor in the freeDB -- a leak \(first: page (\d+)\)")
+
+
+def without_reused_runs(problems: list[str]) -> list[str]:
+    """The verifier's findings less what it reports of a legal file: LMDB rewrites a value kept on
+    overflow pages of its own, written earlier in the same transaction, in place, and keeps the run's
+    page count when the new value needs fewer. The verifier then reports the run's count, its
+    database's count of overflow pages, and the run's pages past what the value needs (neither reached
+    nor free). Those three are dropped only when they agree exactly (the counts differ by those pages,
+    and they are all the pages reported as leaked); anything else stays."""
+    extra: dict[str, int] = {}  # database -> pages its reused runs hold past what their values need
+    pages: set[int] = set()
+    reused: set[str] = set()
+    for problem in problems:
+        run = _REUSED_RUN.fullmatch(problem)
+        if run and int(run[3]) > int(run[4]):
+            first, have, need = int(run[2]), int(run[3]), int(run[4])
+            extra[run[1]] = extra.get(run[1], 0) + have - need
+            pages.update(range(first + need, first + have))
+            reused.add(problem)
+    if not reused:
+        return problems
+    rest, explained_dbs, leak_explained = [], set(), False
+    for problem in problems:
+        count, leak = _OVERFLOW_COUNT.fullmatch(problem), _LEAK.fullmatch(problem)
+        if problem in reused:
+            continue
+        if count and int(count[3]) - int(count[2]) == extra.get(count[1]):
+            explained_dbs.add(count[1])
+            continue
+        if leak and int(leak[1]) == len(pages) and int(leak[2]) == min(pages):
+            leak_explained = True
+            continue
+        rest.append(problem)
+    # The pages past what the values need must be neither reached nor free (a free one would be freed
+    # twice when LMDB drops the run), and every count must add up; else everything is reported.
+    if not leak_explained or explained_dbs != set(extra):
+        return problems
+    return rest
 
 
 WALK_AHEAD_BYTES = 1 << 20  # a state file this large is walked in a forked child
