@@ -27,17 +27,14 @@ def check_files(
     store whose message file is gone while the others hold data. Raises DamagedStoreError naming the
     file. `state_walk`: the state file's structure walk, begun earlier."""
     msgs_data, state_data = msgs_dir / "data.mdb", state_dir / "data.mdb"
-    walked: dict[Path, list[str]] = {}
 
+    @functools.cache
     def walk(env_dir: Path) -> list[str]:
         """The structure walk of an environment, once (both the length check and the structure check
         may want it)."""
-        if env_dir not in walked:
-            if state_walk is not None and state_walk.env_dir == env_dir:
-                walked[env_dir] = state_walk.problems()
-            else:
-                walked[env_dir] = structure_problems(env_dir)
-        return walked[env_dir]
+        if state_walk is not None and state_walk.env_dir == env_dir:
+            return state_walk.problems()
+        return structure_problems(env_dir)
 
     for data in (msgs_data, state_data):
         if not is_empty_or_missing(data):

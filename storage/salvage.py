@@ -13,6 +13,7 @@ is lost) and `repair` (which writes it into new files as it is read, through a `
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import struct
 from collections.abc import Iterator
@@ -138,14 +139,7 @@ class Salvage:
         if is_empty_or_missing(data):
             self.problems.append(f"{data} is {'empty' if data.exists() else 'missing'}")
             return False
-        found = None
-
-        def walk() -> list[str]:
-            nonlocal found
-            if found is None:
-                found = structure_problems(data.parent)
-            return found
-
+        walk = functools.cache(functools.partial(structure_problems, data.parent))  # once, for both checks
         problem = lmdb_file_problem(data, walk)
         if problem is not None:
             self.problems.append(f"{data} {problem}")
