@@ -1,4 +1,5 @@
-"""One local Spark session (two cores, as CI has) for all Spark tests."""
+"""One local Spark session (two cores, as CI has) for all Spark tests, and those tests kept on one
+test worker, so that a parallel run starts one JVM rather than one per worker."""
 
 from __future__ import annotations
 
@@ -6,6 +7,13 @@ from collections.abc import Iterator
 
 import pytest
 from pyspark.sql import SparkSession
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # `--dist loadgroup` (pyproject.toml) sends a group's tests to a single worker.
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 @pytest.fixture(scope="session")
