@@ -28,7 +28,7 @@ from storage import (
     StoreLockedError,
     StoreWriteError,
 )
-from storage.codec import U32
+from storage.codec import MSG_KEY, U32
 from tests.faults.sandbox import can_mount_private_tmpfs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -369,3 +369,26 @@ def test_a_state_key_of_a_length_no_writer_makes_is_refused_and_repaired(
     with LmdbStore(tmp_path) as store:
         (sub,) = store.recover().subscriptions
     assert dict(sub.pending) == {1: 2, 2: 1}
+
+
+def test_a_read_skips_a_gap_and_stops_at_its_channels_end(tmp_path: Path) -> None:
+    """A message missing from LMDB (as a repair leaves it) is skipped, and a read that crosses the gap
+    takes none of the next channel's messages, which follow it in the file."""
+    with LmdbStore(tmp_path) as store:
+        for channel in ("a", "b"):
+            store.ensure_channel(channel)
+            store.append([NewMessage(channel, f"{channel}{i}".encode()) for i in range(1, 11)])
+    env = lmdb.open(str(tmp_path / "msgs"), max_dbs=4)
+    with env.begin(write=True, db=env.open_db(b"messages")) as txn:
+        cursor = txn.cursor()
+        assert cursor.first()
+        channel_id = MSG_KEY.unpack(cursor.key())[0]  # channel "a": the first key of the file
+        assert txn.delete(MSG_KEY.pack(channel_id, 5))
+    env.close()
+    with LmdbStore(tmp_path, verify="quick") as store:
+        read = store.read("a", 1, 100)
+        assert [m.seq for m in read] == [1, 2, 3, 4, 6, 7, 8, 9, 10]
+        assert [m.data for m in read] == [f"a{i}".encode() for i in (1, 2, 3, 4, 6, 7, 8, 9, 10)]
+        assert [m.seq for m in store.read("a", 3, 3)] == [3, 4, 6]
+        assert [m.seq for m in store.read("a", 4, 7)] == [4, 6, 7, 8, 9, 10]
+        assert [m.data for m in store.read("b", 1, 100)] == [f"b{i}".encode() for i in range(1, 11)]
