@@ -143,6 +143,25 @@ def decode_message(key: Raw, value: Raw, channel: str) -> Message:
     )
 
 
+def decode_messages(items: Iterable[tuple[Raw, Raw]], channel: str) -> list[Message]:
+    """`decode_message` of each (key, value) in order, for a read of many: a message with neither
+    reply nor content type (what a read mostly meets) is decoded here with names bound once, every
+    other one, and any that fails a check, by `decode_message`, which raises as it does."""
+    unpack_header, seq_of_key, crc32, new = _HEADER.unpack_from, _SEQ_OF_KEY.unpack_from, zlib.crc32, Message
+    out: list[Message] = []
+    append = out.append
+    for key, value in items:
+        if type(value) is not bytes or len(value) < MSG_HEADER_SIZE:
+            append(decode_message(key, value, channel))
+            continue
+        timestamp, stored_crc, reply_len = unpack_header(value)
+        if reply_len or crc32(value[_CRC_END:], crc32(value[: _TS.size], crc32(key))) != stored_crc:
+            append(decode_message(key, value, channel))
+        else:
+            append(new(seq_of_key(key, 4)[0], timestamp, channel, "", value[MSG_HEADER_SIZE:]))
+    return out
+
+
 def _decode_typed(key: Raw, value: Raw, channel: str, timestamp: int, reply_len: int) -> Message:
     """`decode_message` for a value that carries a content type (checksum already verified)."""
     reply_end = MSG_HEADER_SIZE + reply_len

@@ -72,6 +72,7 @@ from storage.codec import (
     U64,
     decode_channel,
     decode_message,
+    decode_messages,
     decode_record,
     encode_channel,
     encode_head,
@@ -573,7 +574,7 @@ class LmdbStore(Store):
             if not items:
                 break
             try:
-                out += [decode_message(key, value, name) for key, value in items]
+                out += decode_messages(items, name)
             except IntegrityError:
                 intact, held = self._decode_skipping(info, items)
                 out += intact

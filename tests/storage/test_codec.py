@@ -1,4 +1,5 @@
-"""The message value layout: what decode_message accepts and what it refuses as corrupt."""
+"""The message value layout: what decode_message accepts and what it refuses as corrupt, and that
+decode_messages (a read's many at once) answers exactly as it does."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from storage.codec import EMPTY_HEAD, MSG_HEADER_SIZE, decode_message, encode_head, encode_run, value_size
+from storage.codec import (
+    EMPTY_HEAD,
+    MSG_HEADER_SIZE,
+    decode_message,
+    decode_messages,
+    encode_head,
+    encode_run,
+    value_size,
+)
 from storage.errors import IntegrityError
 
 
@@ -93,3 +102,47 @@ def test_a_reply_length_past_the_end_is_corrupt_even_with_a_matching_checksum() 
     forged = value[:8] + crc.to_bytes(4, "big") + tail
     with pytest.raises(IntegrityError, match="reply length past the end"):
         decode_message(key, forged, "ch")
+
+
+@given(
+    bodies=st.lists(
+        st.tuples(
+            st.sampled_from(["", "", "_INBOX.r"]),
+            st.sampled_from(["", "", "text/plain"]),
+            st.binary(max_size=40),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    damage=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 80), st.integers(1, 255)), max_size=2),
+    cut=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 20)), max_size=1),
+    views=st.lists(st.booleans(), min_size=8, max_size=8),
+)
+def test_decode_messages_answers_as_decode_message_does_for_each(
+    bodies: list[tuple[str, str, bytes]],
+    damage: list[tuple[int, int, int]],
+    cut: list[tuple[int, int]],
+    views: list[bool],
+) -> None:
+    """Whatever the values hold (replies, content types, flipped bytes, short values, memoryviews):
+    the same messages in the same order, or the same error for the first bad one."""
+    pairs = encode_run(7, 1, 1_700_000_000_000_000_000, [(encode_head(r, t), d) for r, t, d in bodies])
+    values = [bytearray(v) for _, v in pairs]
+    for which, offset, xor in damage:
+        if which < len(values) and offset < len(values[which]):
+            values[which][offset] ^= xor
+    for which, length in cut:
+        if which < len(values):
+            del values[which][length:]
+    items = [
+        (k, memoryview(bytes(v)) if view else bytes(v))
+        for (k, _), v, view in zip(pairs, values, views[: len(pairs)], strict=True)
+    ]
+    try:
+        expected: list[object] = [decode_message(k, v, "ch") for k, v in items]
+    except IntegrityError as error:
+        with pytest.raises(IntegrityError) as got:
+            decode_messages(items, "ch")
+        assert str(got.value) == str(error)
+    else:
+        assert decode_messages(items, "ch") == expected
