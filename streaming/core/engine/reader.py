@@ -4,13 +4,16 @@ the rest (one read per batch, never one per message).
 
 The cache is what makes fan-out cheap: subscriptions reading one channel's backlog side by side, or
 a message redelivered to many subscriptions, read and verify each stored message once, not once per
-subscription. It holds two generations of up to `_GENERATION` messages (and `_GENERATION_BYTES` of
-payload) each: when the newer one fills up it becomes the older and the older is dropped, so a lookup
-is two dict probes and the bound holds without a per-message eviction.
+subscription. It keeps what each store read returned as one run (a slice of a channel, found by
+bisection on its first sequence), so a read served from it costs a lookup and a slice, and one that
+goes to the store costs no work per message to remember. It holds two generations of up to
+`_GENERATION` messages (and `_GENERATION_BYTES` of payload) each: when the newer one fills up it
+becomes the older and the older is dropped, so the bound holds without a per-message eviction.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
 from storage.base import Store
@@ -20,13 +23,56 @@ _GENERATION = 8192
 _GENERATION_BYTES = 16 << 20
 
 
+def _seq(message: Message) -> int:
+    return message.seq
+
+
+class _Runs:
+    """One generation: per channel, runs of messages as a store read returned them (in order, gaps
+    the store left skipped), sorted by their first sequence."""
+
+    __slots__ = ("by_channel", "bytes", "messages")
+
+    def __init__(self) -> None:
+        self.by_channel: dict[str, tuple[list[int], list[Sequence[Message]]]] = {}
+        self.messages = 0
+        self.bytes = 0
+
+    def add(self, channel: str, run: Sequence[Message], size: int) -> None:
+        firsts, runs = self.by_channel.setdefault(channel, ([], []))
+        first = run[0].seq
+        i = bisect_right(firsts, first)
+        firsts.insert(i, first)
+        runs.insert(i, run)
+        self.messages += len(run)
+        self.bytes += size
+
+    def find(self, channel: str, seq: int) -> tuple[Sequence[Message], int] | None:
+        """A run holding `seq`, and its index there (the run that starts last at or before it: a run
+        overlapping an earlier one may hide part of that one, which then reads from the store)."""
+        found = self.by_channel.get(channel)
+        if found is None:
+            return None
+        firsts, runs = found
+        i = bisect_right(firsts, seq) - 1
+        if i < 0:
+            return None
+        run = runs[i]
+        at = seq - firsts[i]
+        if at < len(run) and run[at].seq == seq:
+            return run, at
+        if run[-1].seq < seq:
+            return None
+        at = bisect_left(run, seq, key=_seq)  # a run with a gap before `seq` holds it earlier
+        return (run, at) if run[at].seq == seq else None
+
+
 class MessageReader:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._recent: dict[str, tuple[int, Sequence[Message]]] = {}  # channel -> just-appended messages
-        self._new: dict[tuple[str, int], Message] = {}
-        self._old: dict[tuple[str, int], Message] = {}
-        self._new_bytes = 0
+        self._new = _Runs()
+        self._old = _Runs()
 
     def hold_appended(self, channel: str, messages: Sequence[Message]) -> None:
         """Serve reads of these (consecutive) messages from memory until `release_appended`."""
@@ -38,9 +84,8 @@ class MessageReader:
 
     def forget(self) -> None:
         """Messages were dropped (limits) or a channel deleted: nothing cached may be served again."""
-        self._new = {}
-        self._old = {}
-        self._new_bytes = 0
+        self._new = _Runs()
+        self._old = _Runs()
 
     def read(self, channel: str, start: int, count: int) -> Sequence[Message]:
         """Up to `count` messages from `start` on, in order (gaps the store left are skipped)."""
@@ -49,15 +94,16 @@ class MessageReader:
             first, messages = recent
             if first <= start < first + len(messages) and messages[start - first].seq == start:
                 return messages[start - first : start - first + count]
-        new, old = self._new, self._old
         out: list[Message] = []
         seq = start
         while len(out) < count:  # what another subscription read lately: no store read, no check
-            found = new.get((channel, seq)) or old.get((channel, seq))
+            found = self._find(channel, seq)
             if found is None:
                 break
-            out.append(found)
-            seq += 1
+            run, at = found
+            taken = run[at : at + count - len(out)]
+            out += taken
+            seq = taken[-1].seq + 1
         if len(out) < count:
             read = self.store.read(channel, seq, count - len(out))
             self._keep(channel, read)
@@ -71,28 +117,36 @@ class MessageReader:
         missing: list[int] = []
         recent = self._recent.get(channel)
         first, held = recent if recent is not None else (0, [])
-        new, old = self._new, self._old
         for i, seq in enumerate(seqs):
             if first <= seq < first + len(held):
                 out[i] = held[seq - first]
             else:
-                found = new.get((channel, seq)) or old.get((channel, seq))
+                found = self._find(channel, seq)
                 if found is None:
                     missing.append(i)
                 else:
-                    out[i] = found
+                    out[i] = found[0][found[1]]
         if missing:
             read = self.store.get_many(channel, [seqs[i] for i in missing])
+            out_of_store = [m for m in read if m is not None]
             for i, message in zip(missing, read, strict=True):
                 out[i] = message
-            self._keep(channel, [m for m in read if m is not None])
+            # Kept as runs of consecutive sequences, so that a lookup finds each where it expects it.
+            start = 0
+            for j in range(1, len(out_of_store) + 1):
+                if j == len(out_of_store) or out_of_store[j].seq != out_of_store[j - 1].seq + 1:
+                    self._keep(channel, out_of_store[start:j])
+                    start = j
         return out
 
+    def _find(self, channel: str, seq: int) -> tuple[Sequence[Message], int] | None:
+        return self._new.find(channel, seq) or self._old.find(channel, seq)
+
     def _keep(self, channel: str, messages: Sequence[Message]) -> None:
+        if not messages:
+            return
         size = sum(len(m.data) for m in messages)
-        if len(self._new) + len(messages) > _GENERATION or self._new_bytes + size > _GENERATION_BYTES:
-            self._old, self._new, self._new_bytes = self._new, {}, 0
         new = self._new
-        for message in messages:
-            new[(channel, message.seq)] = message
-        self._new_bytes += size
+        if new.messages + len(messages) > _GENERATION or new.bytes + size > _GENERATION_BYTES:
+            self._old, self._new = new, _Runs()
+        self._new.add(channel, messages, size)
