@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import struct
 import zlib
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -240,14 +241,53 @@ def lost_key(channel_id: int) -> bytes:
     return b"lost/" + U32.pack(channel_id)
 
 
-def encode_lost(seqs: Iterable[int]) -> bytes:
-    return json.dumps([list(span) for span in spans(seqs)]).encode()
+def merge_spans(runs: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(first, last) runs sorted, with those that overlap or touch joined."""
+    out: list[tuple[int, int]] = []
+    for first, last in sorted(runs):
+        if out and first <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], last))
+        else:
+            out.append((first, last))
+    return out
 
 
-def decode_lost(raw: Raw | None) -> set[int]:
+def in_spans(seq: int, runs: list[tuple[int, int]]) -> bool:
+    """Whether `seq` lies in one of `runs` (sorted and joined, as `merge_spans` gives them)."""
+    i = bisect_right(runs, (seq, _NO_END)) - 1
+    return i >= 0 and runs[i][0] <= seq <= runs[i][1]
+
+
+_NO_END = 1 << 64  # past any sequence: (seq, _NO_END) sorts after every run that starts at seq
+
+
+def subtract_spans(runs: list[tuple[int, int]], taken: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`runs` less every sequence in `taken` (both sorted and joined)."""
+    out: list[tuple[int, int]] = []
+    j = 0
+    for first, last in runs:
+        while j < len(taken) and taken[j][1] < first:
+            j += 1
+        at, k = first, j
+        while k < len(taken) and taken[k][0] <= last:
+            if taken[k][0] > at:
+                out.append((at, taken[k][0] - 1))
+            at = max(at, taken[k][1] + 1)
+            k += 1
+        if at <= last:
+            out.append((at, last))
+    return out
+
+
+def encode_lost(runs: Iterable[tuple[int, int]]) -> bytes:
+    """A channel's lost sequences as runs: a run of any length costs the same (never one per seq)."""
+    return json.dumps([list(span) for span in merge_spans(runs)]).encode()
+
+
+def decode_lost(raw: Raw | None) -> list[tuple[int, int]]:
     if raw is None:
-        return set()
-    return {seq for first, last in json.loads(bytes(raw)) for seq in range(first, last + 1)}
+        return []
+    return merge_spans((int(first), int(last)) for first, last in json.loads(bytes(raw)))
 
 
 def encode_record(record: Any) -> bytes:

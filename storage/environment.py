@@ -78,6 +78,16 @@ class Environment:
                 raise DamagedStoreError(f"{path / 'data.mdb'} is damaged or not an LMDB file ({exc})") from exc
             raise StoreError(f"{path}: cannot open the LMDB environment ({exc})") from exc
         try:
+            # The main database holds only the named ones: a name the store never makes is a damaged
+            # one, and opening would make the real one anew, empty, and leave its entries unread.
+            with self.env.begin() as txn:
+                strange = [bytes(k) for k, _ in txn.cursor() if bytes(k).decode(errors="replace") not in names]
+            if strange:
+                self.env.close()
+                raise DamagedStoreError(
+                    f"{path / 'data.mdb'} is damaged: it holds a database named {strange[0]!r}, which the store "
+                    f"never makes (a damaged name), and would lose what that database holds"
+                )
             self.dbs = {name: self.env.open_db(name.encode()) for name in names}
         except lmdb.Error as exc:
             self.env.close()

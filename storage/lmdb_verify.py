@@ -12,7 +12,7 @@ from typing import cast
 
 import lmdb
 
-from storage.codec import MSG_KEY, U32, U64, decode_lost, key_seq, lost_key, value_intact
+from storage.codec import MSG_KEY, U32, U64, decode_lost, in_spans, key_seq, lost_key, value_intact
 from storage.environment import Environment
 from storage.errors import DamagedStoreError
 from storage.integrity import Damage, is_empty_or_missing, lmdb_file_problem
@@ -123,7 +123,7 @@ def scan_snapshot(
             gone = {
                 seq
                 for seq in range(info.first_seq, last + 1)
-                if seq not in lost and txn.get(MSG_KEY.pack(cid, seq), db=db) is None
+                if not in_spans(seq, lost) and txn.get(MSG_KEY.pack(cid, seq), db=db) is None
             }
             if gone:
                 damage.missing[info.name] = gone

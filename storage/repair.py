@@ -36,6 +36,7 @@ from storage.codec import (
     encode_lost,
     encode_record,
     lost_key,
+    merge_spans,
 )
 from storage.dirlock import DirectoryLock
 from storage.environment import Environment
@@ -181,7 +182,7 @@ class _Writer:
             txn.put(b"next_channel_id", U32.pack(next_id), db=dbs["meta"])
             for cid, channel in salvage.channels.items():
                 old = channel.info
-                lost = sorted(channel.lost_before | set(channel.lost()))
+                lost = merge_spans([*channel.lost_before, *channel.lost()])
                 info = attrs.evolve(
                     old,
                     first_seq=channel.first_present(),
@@ -191,7 +192,7 @@ class _Writer:
                 )
                 by_name[info.name] = info
                 txn.put(info.name.lower().encode(), encode_channel(info), db=dbs["channels"])
-                kept = [seq for seq in lost if seq >= info.first_seq]
+                kept = [(max(first, info.first_seq), last) for first, last in lost if last >= info.first_seq]
                 if kept:
                     txn.put(lost_key(cid), encode_lost(kept), db=dbs["meta"])
 

@@ -35,7 +35,7 @@ from storage.codec import (
     decode_record,
     lost_key,
     message_timestamp,
-    spans,
+    subtract_spans,
     value_intact,
 )
 from storage.errors import IntegrityError
@@ -76,7 +76,7 @@ class SalvagedChannel:
     size: int = 0
     damaged: int = 0  # values that fail their checksum
     last_ts: int = 0
-    lost_before: set[int] = attrs.Factory(set)  # what an earlier repair recorded as lost
+    lost_before: list[tuple[int, int]] = attrs.Factory(list)  # runs an earlier repair recorded as lost
 
     def mark(self, seq: int, value: bytes) -> bool:
         """Count an intact message once; False if it is outside the channel or already counted."""
@@ -98,12 +98,34 @@ class SalvagedChannel:
         byte, bit = divmod(seq - self.info.first_seq, 8)
         return 0 <= byte < len(self.present) and bool(self.present[byte] & (1 << bit))
 
-    def lost(self) -> list[int]:
-        return [
-            seq
-            for seq in range(self.info.first_seq, self.info.last_seq + 1)
-            if not self.has(seq) and seq not in self.lost_before
-        ]
+    def lost(self) -> list[tuple[int, int]]:
+        """The runs of the channel's sequences not found intact, less those an earlier repair recorded
+        as lost: worked out from the bitmap, so a run past the last message found (a position a
+        subscription claims) costs one step however long it is."""
+        first, last = self.info.first_seq, self.info.last_seq
+        runs: list[tuple[int, int]] = []
+        start = None  # the first sequence of the run being gathered
+        for index, byte in enumerate(self.present):
+            if byte == 0xFF:
+                if start is not None:
+                    runs.append((start, first + index * 8 - 1))
+                    start = None
+                continue
+            for bit in range(8):
+                seq = first + index * 8 + bit
+                if byte & (1 << bit):
+                    if start is not None:
+                        runs.append((start, seq - 1))
+                        start = None
+                elif start is None:
+                    start = seq
+        tail = first + len(self.present) * 8
+        if start is not None:
+            runs.append((start, last))
+        elif tail <= last:
+            runs.append((tail, last))
+        runs = [(a, min(b, last)) for a, b in runs if a <= last]
+        return subtract_spans(runs, self.lost_before)
 
     def first_present(self) -> int:
         for index, byte in enumerate(self.present):
@@ -125,6 +147,7 @@ class Salvage:
         self.subs: dict[int, SubscriptionRecord] = {}
         self.last_sent: dict[int, int] = {}
         self.pending: dict[int, dict[int, int]] = {}
+        self.state_from_pages = False  # read from the raw pages of a damaged state file
         self.clients: dict[str, ClientRecord] = {}
         self.state_meta: dict[bytes, bytes] = {}
         self.orphans: dict[int, int] = {}  # channel id without a channel record -> messages in LMDB
@@ -300,45 +323,60 @@ class Salvage:
 
     def _read_state(self) -> None:
         if self.state_ok:
-            with _read_only(self.state_data.parent, STATE_DBS) as (txn, dbs):
-                self.state_meta = {bytes(k): bytes(v) for k, v in txn.cursor(db=dbs["meta"]).iternext()}
-                for k, v in txn.cursor(db=dbs["subs"]).iternext():
-                    self._sub(bytes(k), bytes(v), strict=True)
-                for k, v in txn.cursor(db=dbs["lastsent"]).iternext():
-                    if len(k) != U64.size or len(v) != U64.size:
-                        self.problems.append(
-                            f"{self.state_data}: a position record is damaged ({len(k)}/{len(v)} bytes): "
-                            "left out (a subscription without one resumes from its own record or its last "
-                            "pending message: what it was sent since then may come again)"
-                        )
-                        continue
-                    self.last_sent[U64.unpack(k)[0]] = U64.unpack(v)[0]
-                for k, v in txn.cursor(db=dbs["pending"]).iternext():
-                    if len(k) != PENDING_KEY.size:
-                        self.problems.append(
-                            f"{self.state_data}: a pending entry's key is damaged ({len(k)} bytes): left out "
-                            "(which subscription and message it named is lost; that message, if it was not "
-                            "acknowledged, is not sent again)"
-                        )
-                        continue
-                    sub_id, seq = PENDING_KEY.unpack(k)
-                    if len(v) in (U32.size, NAKED_PENDING.size):
-                        # A nak's wait (the longer value) is not kept: the message is due at once.
-                        attempt = U32.unpack_from(v)[0]
-                    else:  # still unacknowledged: kept pending (sent again), its attempt count unknown
-                        attempt = 1
-                        self.problems.append(
-                            f"{self.state_data}: subscription {sub_id}: the pending entry of message {seq} is "
-                            f"damaged ({len(v)} bytes): kept pending, its attempt count lost"
-                        )
-                    self.pending.setdefault(sub_id, {})[seq] = attempt
-                for k, v in txn.cursor(db=dbs["clients"]).iternext():
-                    self._client(bytes(k), bytes(v), strict=True)
-            return
+            try:
+                self._read_sound_state()
+                return
+            except lmdb.Error as exc:
+                # Sound pages, but not what the store wrote (a database's name damaged, so LMDB finds
+                # no such database): read page by page, as a damaged file is.
+                self.problems.append(f"{self.state_data}: LMDB cannot read it ({exc}): read page by page")
+                self.subs, self.last_sent, self.pending, self.clients, self.state_meta = {}, {}, {}, {}, {}
+        self._read_state_pages()
+
+    def _read_sound_state(self) -> None:
+        """The state file as LMDB reads it (its structure walked clean)."""
+        with _read_only(self.state_data.parent, STATE_DBS) as (txn, dbs):
+            self.state_meta = {bytes(k): bytes(v) for k, v in txn.cursor(db=dbs["meta"]).iternext()}
+            for k, v in txn.cursor(db=dbs["subs"]).iternext():
+                self._sub(bytes(k), bytes(v), strict=True)
+            for k, v in txn.cursor(db=dbs["lastsent"]).iternext():
+                if len(k) != U64.size or len(v) != U64.size:
+                    self.problems.append(
+                        f"{self.state_data}: a position record is damaged ({len(k)}/{len(v)} bytes): "
+                        "left out (a subscription without one resumes from its own record or its last "
+                        "pending message: what it was sent since then may come again)"
+                    )
+                    continue
+                self.last_sent[U64.unpack(k)[0]] = U64.unpack(v)[0]
+            for k, v in txn.cursor(db=dbs["pending"]).iternext():
+                if len(k) != PENDING_KEY.size:
+                    self.problems.append(
+                        f"{self.state_data}: a pending entry's key is damaged ({len(k)} bytes): left out "
+                        "(which subscription and message it named is lost; that message, if it was not "
+                        "acknowledged, is not sent again)"
+                    )
+                    continue
+                sub_id, seq = PENDING_KEY.unpack(k)
+                if len(v) in (U32.size, NAKED_PENDING.size):
+                    # A nak's wait (the longer value) is not kept: the message is due at once.
+                    attempt = U32.unpack_from(v)[0]
+                else:  # still unacknowledged: kept pending (sent again), its attempt count unknown
+                    attempt = 1
+                    self.problems.append(
+                        f"{self.state_data}: subscription {sub_id}: the pending entry of message {seq} is "
+                        f"damaged ({len(v)} bytes): kept pending, its attempt count lost"
+                    )
+                self.pending.setdefault(sub_id, {})[seq] = attempt
+            for k, v in txn.cursor(db=dbs["clients"]).iternext():
+                self._client(bytes(k), bytes(v), strict=True)
+
+    def _read_state_pages(self) -> None:
+        """Every page of a damaged state file, live or not, read as plain bytes."""
         if is_empty_or_missing(self.state_data):
             if self.channels:
                 self.notes.append("no subscription or client survives: clients must connect and subscribe again")
             return
+        self.state_from_pages = True
         for key, value in raw_items(self.state_data):
             if len(key) == PENDING_KEY.size and len(value) in (U32.size, NAKED_PENDING.size):
                 sub_id, seq = PENDING_KEY.unpack(key)
@@ -390,8 +428,27 @@ class Salvage:
                 self.problems.append(f"{self.state_data}: {who} is on channel {record.channel!r}, which is gone")
                 continue
             own = self.pending.get(sub_id, {})
-            position = max(self.last_sent.get(sub_id, record.last_sent), max(own, default=0))
             last = channel.info.last_seq
+            sent = self.last_sent.get(sub_id, record.last_sent)
+            if self.state_from_pages:
+                # Read from every page of a damaged file, a position past the channel's end is as
+                # likely a damaged key or a stale page as a sign of lost messages: not believed.
+                wild = sorted(seq for seq in own if seq > last)
+                for seq in wild:
+                    del own[seq]
+                if wild:
+                    self.problems.append(
+                        f"{self.state_data}: {who}: {len(wild)} pending entries read from the damaged file name "
+                        f"messages past the channel's end ({last}, first {wild[0]}): left out as damage"
+                    )
+                if sent > max(last, record.last_sent):
+                    self.problems.append(
+                        f"{self.state_data}: {who}: its position read from the damaged file ({sent}) is past "
+                        f"the channel's end ({last}): the subscription's own record ({record.last_sent}) is kept"
+                    )
+                    sent = record.last_sent
+                    self.last_sent[sub_id] = sent
+            position = max(sent, max(own, default=0))
             if position > last:
                 self.problems.append(
                     f"{self.state_data}: {who} was sent channel {record.channel!r} up to {position}, but the "
@@ -406,7 +463,7 @@ class Salvage:
         for channel in self.channels.values():
             lost = channel.lost()
             if lost:
-                out[channel.info.name] = spans(lost)
+                out[channel.info.name] = lost
         return out
 
 

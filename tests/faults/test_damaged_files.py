@@ -268,17 +268,23 @@ async def test_by_default_nothing_past_a_damaged_message_is_served_and_the_serve
     pristine: tuple[Path, frozenset[int]], tmp_path: Path
 ) -> None:
     """The default check runs while the server serves: a DeliverAll subscriber that connects at once
-    gets nothing past the damaged message (whichever of its read and the check meets it first), and
-    the server stops with the line that names it."""
+    gets nothing past the damaged message (whichever of its read and the check meets it first, and on
+    a busy machine the check may stop the server before its port opens), and the server stops with
+    the line that names it."""
     source, _ = pristine
     directory = tmp_path / "data"
     shutil.copytree(source, directory, ignore=shutil.ignore_patterns("LOCK"))
     every_copy("msgs/data.mdb", payload(120), 5, 50)(directory)
-    server = ServerProcess(["-p", "0", "--dir", str(directory)]).start()
+    server = ServerProcess(["-p", "0", "--dir", str(directory)])
     got: dict[int, bytes] = {}
     try:
-        with contextlib.suppress(Exception):  # the server may stop under the reader
-            got = await read_channel(server.port, "orders")
+        try:
+            server.start()
+        except RuntimeError:
+            pass  # the check met the damage before the port opened (a small store, a busy machine)
+        else:
+            with contextlib.suppress(Exception):  # the server may stop under the reader
+                got = await read_channel(server.port, "orders")
         assert server.proc is not None
         server.proc.wait(30)
     finally:

@@ -29,6 +29,8 @@ from storage import (
     StoreWriteError,
 )
 from storage.codec import MSG_KEY, U32
+from storage.records import SaveSubscription, SetPendingRun, SubscriptionRecord
+from storage.repair import check, repair
 from tests.faults.sandbox import can_mount_private_tmpfs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -392,3 +394,29 @@ def test_a_read_skips_a_gap_and_stops_at_its_channels_end(tmp_path: Path) -> Non
         assert [m.seq for m in store.read("a", 3, 3)] == [3, 4, 6]
         assert [m.seq for m in store.read("a", 4, 7)] == [4, 6, 7, 8, 9, 10]
         assert [m.data for m in store.read("b", 1, 100)] == [f"b{i}".encode() for i in range(1, 11)]
+
+
+def test_a_damaged_database_name_is_refused_not_made_anew(tmp_path: Path) -> None:
+    """A flipped bit in a database's name ("pendinf") leaves every page sound, and LMDB would open the
+    store with that database made anew, empty: its entries (here the unacknowledged messages) silently
+    gone.
+    The open refuses it by name; `check` says so and reads the file page by page; `repair` keeps the
+    entries."""
+    with LmdbStore(tmp_path) as store:
+        store.ensure_channel("c")
+        store.append([NewMessage("c", b"m%d" % i) for i in range(10)])
+        record = SubscriptionRecord(1, "c", "me", "_INBOX.a", "_INBOX.ack", ack_wait_ms=30_000, max_inflight=1024)
+        store.apply([SaveSubscription(record), SetPendingRun(1, [3, 4, 5])])
+    data = tmp_path / "state" / "data.mdb"
+    raw = bytearray(data.read_bytes())
+    assert raw.count(b"pending") >= 1
+    raw = bytearray(raw.replace(b"pending", b"pendinf"))  # every copy (freed pages keep old ones)
+    data.write_bytes(bytes(raw))
+    with pytest.raises(DamagedStoreError, match=r"state/data\.mdb is damaged: it holds a database named b'pendinf'"):
+        LmdbStore(tmp_path)
+    report = check(tmp_path)
+    assert any("LMDB cannot read it" in p and "read page by page" in p for p in report.problems), report.problems
+    repair(tmp_path, None)
+    with LmdbStore(tmp_path) as store:
+        (recovered,) = store.recover().subscriptions
+        assert dict(recovered.pending) == {3: 1, 4: 1, 5: 1}
