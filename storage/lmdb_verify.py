@@ -17,7 +17,7 @@ from storage.environment import Environment
 from storage.errors import DamagedStoreError
 from storage.integrity import Damage, is_empty_or_missing, lmdb_file_problem
 from storage.records import ChannelInfo
-from storage.state_walk import WalkAhead, structure_problems
+from storage.state_walk import WalkAhead, walk_unless_sealed
 
 
 def check_files(
@@ -34,7 +34,7 @@ def check_files(
         may want it)."""
         if state_walk is not None and state_walk.env_dir == env_dir:
             return state_walk.problems()
-        return structure_problems(env_dir)
+        return walk_unless_sealed(env_dir)
 
     for data in (msgs_data, state_data):
         if not is_empty_or_missing(data):

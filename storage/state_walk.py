@@ -6,10 +6,16 @@ A module of its own that imports nothing else of the store (and `import storage`
 `streaming-server` forks the walk of its state file at its first line, so that the child starts walking
 at once (loading the store's records and codecs first cost it ~0.06 s) while the server loads its
 modules.
+
+A clean stop seals its state file (`seal`): it walks the closed file and, when the walk finds nothing,
+writes the digest of its bytes beside it. The next start that finds the file byte for byte as sealed
+takes the walk's answer from the seal (`walk_unless_sealed`): the walk of the same bytes finds the
+same. Anything else (a crash, a file changed or damaged since, a seal that cannot be read) is walked.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
@@ -18,7 +24,15 @@ import signal
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WALK_AHEAD_BYTES", "WalkAhead", "structure_problems", "without_reused_runs"]
+__all__ = [
+    "SEAL_NAME",
+    "WALK_AHEAD_BYTES",
+    "WalkAhead",
+    "seal",
+    "structure_problems",
+    "walk_unless_sealed",
+    "without_reused_runs",
+]
 
 
 def structure_problems(env_dir: Path) -> list[str]:
@@ -78,6 +92,51 @@ def without_reused_runs(problems: list[str]) -> list[str]:
 
 
 WALK_AHEAD_BYTES = 1 << 20  # a state file this large is walked in a forked child
+SEAL_NAME = "walked"  # beside data.mdb: the size and digest of the bytes a walk last found clean
+
+
+def walk_unless_sealed(env_dir: Path) -> list[str]:
+    """`structure_problems` of an environment, or none when its data file holds exactly the bytes a
+    walk found clean when they were sealed (`seal`)."""
+    try:
+        sealed = (env_dir / SEAL_NAME).read_text()
+    except (OSError, ValueError):
+        sealed = None
+    if sealed is not None and sealed == _digest(env_dir / "data.mdb"):
+        return []
+    return structure_problems(env_dir)
+
+
+def seal(env_dir: Path) -> bool:
+    """After a clean stop, with nothing writing the environment any more: walk its data file and, when
+    the walk finds nothing, write the file's digest beside it so that the next start need not walk it
+    again. A file with problems is left unsealed (the next start walks it and reports them). Returns
+    whether it was sealed."""
+    path, data = env_dir / SEAL_NAME, env_dir / "data.mdb"
+    path.unlink(missing_ok=True)
+    if structure_problems(env_dir):
+        return False
+    digest = _digest(data)
+    if digest is None:
+        return False
+    part = path.with_name(SEAL_NAME + ".part")
+    with open(part, "w") as out:
+        out.write(digest)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(part, path)
+    return True
+
+
+def _digest(data_file: Path) -> str | None:
+    """The size and BLAKE2b digest of a file's bytes (None if it cannot be read): 2-3 ms a megabyte
+    here, where the walk takes 50-100 ms."""
+    try:
+        with open(data_file, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            return f"{size} {hashlib.file_digest(f, 'blake2b').hexdigest()}"
+    except OSError:
+        return None
 
 
 class WalkAhead:
@@ -103,7 +162,7 @@ class WalkAhead:
             try:
                 os.close(read)
                 with os.fdopen(write, "w") as out:
-                    json.dump(structure_problems(env_dir), out)
+                    json.dump(walk_unless_sealed(env_dir), out)
                 status = 0
             finally:
                 os._exit(status)
@@ -134,7 +193,7 @@ class WalkAhead:
                 found = None
         if found == [] and _stamp(self.env_dir / "data.mdb") == self._stamp:
             return []
-        return structure_problems(self.env_dir)
+        return walk_unless_sealed(self.env_dir)
 
 
 def _stamp(data_file: Path) -> tuple[int, int, int] | None:

@@ -70,8 +70,8 @@ def test_the_walk_begun_is_of_the_store_the_server_opens(tmp_path: Path, monkeyp
     assert walk is not None and walk.env_dir == state_directory(tmp_path)
     walked = walks_here(monkeypatch)
     with LmdbStore(tmp_path, verify="quick", state_walk=walk) as store:
+        assert walked == []  # the child's answer was used
         assert store.channels()[0].msgs == 1
-    assert walked == []  # the child's answer was used
 
 
 def test_a_walk_the_store_does_not_use_is_stopped_and_reaped(tmp_path: Path) -> None:
