@@ -609,7 +609,7 @@ class LmdbStore(Store):
                 self._read_damage.append(str(exc))
                 self._check.stop()
                 return True
-        where = (MSG_KEY.unpack(key)[0], key_seq(key))
+        where = MSG_KEY.unpack(key) if len(key) == MSG_KEY.size else (-1, len(key))
         if where in self._damaged or len(self._damaged) >= DAMAGED_LOG_LIMIT:
             return False
         self._damaged[where] = None

@@ -113,7 +113,9 @@ def scan_snapshot(
                 if key > end:
                     break
                 present += 1
-                if not value_intact(key, value):
+                if len(key) != MSG_KEY.size:
+                    damage.problems.append(f"channel {info.name!r}: a message's key is damaged ({len(key)} bytes)")
+                elif not value_intact(key, value):
                     bad.append(key_seq(key))
         if bad:
             damage.damaged[info.name] = set(bad)
@@ -152,7 +154,9 @@ def channel_ends(msgs: Environment, bounds: list[tuple[ChannelInfo, int]]) -> Da
             if cursor.prev() if past else cursor.last():
                 ends.append((cursor.key(), cursor.value()))
             for key, value in ends:
-                if MSG_KEY.unpack(key)[0] != cid:
+                if len(key) != MSG_KEY.size:
+                    damage.problems.append(f"channel {info.name!r}: a message's key is damaged ({len(key)} bytes)")
+                elif MSG_KEY.unpack(key)[0] != cid:
                     damage.problems.append(f"channel {info.name!r}: none of its messages are stored")
                 elif not value_intact(key, value):
                     damage.damaged.setdefault(info.name, set()).add(key_seq(key))

@@ -254,6 +254,9 @@ class Salvage:
             channel.lost_before = decode_lost(self.meta.get(lost_key(cid)))
 
     def _take(self, key: bytes, value: bytes, sink: Sink | None) -> None:
+        if len(key) != MSG_KEY.size:  # a damaged key in sound pages: which message it was is lost
+            self.problems.append(f"{self.msgs_data}: a message's key is damaged ({len(key)} bytes): left out")
+            return
         cid, seq = MSG_KEY.unpack(key)
         channel = self.channels.get(cid)
         if channel is None:

@@ -1,18 +1,20 @@
 """What `check` and `repair` say is lost is kept as runs of sequences, never one entry per sequence, so
 a damaged position (a sequence in the quadrillions) is reported at once; and a pending entry read from
 the pages of a damaged state file that names a message past its channel's end is left out as damage,
-not taken as billions of lost messages."""
+not taken as billions of lost messages. A message key of the wrong length in sound pages is reported,
+not a traceback."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from storage import LmdbStore, NewMessage
-from storage.codec import PENDING_KEY, decode_lost, encode_lost, in_spans, merge_spans, spans, subtract_spans
+from storage import DamagedStoreError, LmdbStore, NewMessage
+from storage.codec import MSG_KEY, PENDING_KEY, decode_lost, encode_lost, in_spans, merge_spans, spans, subtract_spans
 from storage.records import ChannelInfo, SaveSubscription, SetPendingRun, SubscriptionRecord
 from storage.repair import check, repair
 from storage.salvage import SalvagedChannel
@@ -82,3 +84,32 @@ def test_a_damaged_pending_key_past_the_channel_is_left_out_not_counted_lost(tmp
         assert store.channel_info("orders") is not None
         info = store.channel_info("orders")
         assert info is not None and info.last_seq == 700, "the channel keeps its own end"
+
+
+def test_a_damaged_key_length_in_sound_pages_is_reported_not_a_traceback(tmp_path: Path) -> None:
+    """A node's key size damaged (13 bytes where a message key has 12) leaves the pages sound: `check`
+    and the full check report it by file and channel, and a read skips that message."""
+    with LmdbStore(tmp_path) as store:
+        store.ensure_channel("c")
+        store.append([NewMessage("c", b"m%d" % i) for i in range(50)])
+        info = store.channel_info("c")
+        assert info is not None
+        channel_id = info.channel_id
+    data = tmp_path / "msgs" / "data.mdb"
+    raw = bytearray(data.read_bytes())
+    key = MSG_KEY.pack(channel_id, 20)
+    at, found = raw.find(key), 0
+    while at >= 0:
+        if int.from_bytes(raw[at - 2 : at], "little") == MSG_KEY.size:  # the node's key size, before the key
+            raw[at - 2 : at] = (MSG_KEY.size + 1).to_bytes(2, "little")
+            found += 1
+        at = raw.find(key, at + 1)
+    assert found >= 1
+    data.write_bytes(bytes(raw))
+
+    report = check(tmp_path)
+    assert any("a message's key is damaged (13 bytes): left out" in p for p in report.problems), report.problems
+    with pytest.raises(DamagedStoreError, match=r"channel 'c': a message's key is damaged \(13 bytes\)"):
+        LmdbStore(tmp_path, verify="full")
+    with LmdbStore(tmp_path, verify="quick") as store:
+        assert [m.seq for m in store.read("c", 1, 100)] == [s for s in range(1, 51) if s != 20]
