@@ -227,13 +227,7 @@ def decode_channel(value: Raw) -> ChannelInfo:
 
 def spans(seqs: Iterable[int]) -> list[tuple[int, int]]:
     """Sequences as (first, last) runs."""
-    out: list[tuple[int, int]] = []
-    for seq in sorted(seqs):
-        if out and seq == out[-1][1] + 1:
-            out[-1] = (out[-1][0], seq)
-        elif not out or seq > out[-1][1]:
-            out.append((seq, seq))
-    return out
+    return merge_spans((seq, seq) for seq in seqs)
 
 
 def lost_key(channel_id: int) -> bytes:

@@ -81,7 +81,11 @@ class Environment:
             # The main database holds only the named ones: a name the store never makes is a damaged
             # one, and opening would make the real one anew, empty, and leave its entries unread.
             with self.env.begin() as txn:
-                strange = [bytes(k) for k, _ in txn.cursor() if bytes(k).decode(errors="replace") not in names]
+                strange = [
+                    k
+                    for k in map(bytes, txn.cursor().iternext(values=False))
+                    if k.decode(errors="replace") not in names
+                ]
             if strange:
                 self.env.close()
                 raise DamagedStoreError(

@@ -7,6 +7,7 @@ not a traceback."""
 from __future__ import annotations
 
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,8 @@ seqs = st.sets(st.integers(1, 200), max_size=60)
 @given(a=seqs, b=seqs)
 def test_runs_answer_as_sets_of_sequences_do(a: set[int], b: set[int]) -> None:
     runs_a, runs_b = spans(a), spans(b)
+    assert {seq for first, last in runs_a for seq in range(first, last + 1)} == a
+    assert all(x[1] + 1 < y[0] for x, y in pairwise(runs_a)), "sorted, apart, not touching"
     assert merge_spans([*runs_a, *runs_b]) == spans(a | b)
     assert subtract_spans(runs_a, runs_b) == spans(a - b)
     assert all(in_spans(seq, runs_a) == (seq in a) for seq in range(0, 202))
