@@ -34,7 +34,10 @@ async def test_a_lone_publishers_publishes_are_committed_by_its_reader(tmp_path:
             msg.ack()
         stats = server.core.group_commit.statistics()
         assert stats.messages == 100
-        assert stats.inline_commits >= 90, stats
+        # Every publish is committed on its own; by its reader, unless the disk was slow meanwhile
+        # (the suite's other workers share it), when small appends go to the store thread by design.
+        assert stats.commits == 100, stats
+        assert stats.inline_commits + stats.slow_disk_commits >= 90, stats
 
 
 async def test_publishes_arriving_together_on_many_connections_share_a_commit(tmp_path: Path) -> None:
