@@ -1,7 +1,10 @@
 """A subscription's pending set: removing a burst of acks at once is removing each in turn (nak'd
-entries included), and nak'd entries come back in the order of their ends, none before it."""
+entries included), nak'd entries come back in the order of their ends, none before it, and a set
+emptied after a large backlog gives its memory back."""
 
 from __future__ import annotations
+
+import tracemalloc
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -104,3 +107,30 @@ def test_nakd_entries_come_back_in_the_order_of_their_ends_and_none_early(
             del ends[seq]
         assert all(end > now for end, _ in ends.values()), "an ended nak was not released"
         assert len(pending) == size, "a nak'd message stays pending throughout"
+
+
+def test_a_set_emptied_after_a_large_backlog_gives_its_memory_back() -> None:
+    """100,000 recovered as due, each redelivered, then all acked: the due queue frees its table once
+    drained, and the lane and the attempt counts once emptied (a dict keeps its table on delete)."""
+    count = 100_000
+    tracemalloc.start()
+    try:
+        pending = PendingSet()
+        pending.add_due_many(dict.fromkeys(range(1, count + 1), 1), Reason.RESTART)
+        recovered = tracemalloc.get_traced_memory()[0]
+        while (item := pending.peek_due()) is not None:
+            pending.sent(item[0], 2, 30.0, 130.0)
+        assert pending.due_count == 0 and len(pending) == count
+        redelivered = tracemalloc.get_traced_memory()[0]
+        seqs = list(range(1, count + 1))
+        for at in range(0, count, 1000):
+            removed, first = pending.remove_many(seqs[at : at + 1000])
+            assert all(entry is not None and entry[0] == 2 for entry in removed) and not first
+        del seqs, removed
+        emptied = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(pending) == 0 and pending.peek_due() is None
+    # The drained due queue's table (~6 MB here) is gone while the lane holds all of them again.
+    assert redelivered < recovered + 2_000_000, (recovered, redelivered)
+    assert emptied < 1_000_000, emptied

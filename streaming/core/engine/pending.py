@@ -16,6 +16,11 @@ waits.
 
 Attempt counts are stored only for messages sent more than once (most pending messages are on their
 first attempt), which keeps a pending message at about 100 bytes.
+
+A dict keeps its table when its entries are deleted, so a lane, the due queue or the attempt counts
+emptied after a large backlog (a million pending after a restart: ~140 MB) would hold that memory
+until as many new entries had passed through. Each is replaced by a fresh one when it empties and its
+table is large.
 """
 
 from __future__ import annotations
@@ -25,9 +30,13 @@ from collections.abc import Iterator
 from heapq import heappop, heappush
 from itertools import repeat
 from operator import sub
+from sys import getsizeof
 from typing import Protocol
 
 from streaming.core.engine.events import Reason
+
+# An emptied container whose table is larger than this (a dict sized for ~20,000 entries) is replaced.
+_LARGE_TABLE = 1 << 20
 
 
 class PendingSet:
@@ -173,7 +182,10 @@ class PendingSet:
                     return None
                 delivered = -1.0
         self._size -= 1
-        return self._attempts.pop(seq, 1), delivered
+        attempt = self._attempts.pop(seq, 1)
+        if not self._size:
+            self._release_emptied()
+        return attempt, delivered
 
     def remove_many(self, seqs: list[int]) -> tuple[list[tuple[int, float] | None], bool]:
         """`remove` of each of `seqs`, in order, and whether every one removed was on its first attempt.
@@ -191,8 +203,12 @@ class PendingSet:
         self._size -= len(seqs)
         delivered = map(sub, deadlines, repeat(delay))
         if not self._attempts:
+            if not lane:
+                self._release_emptied()
             return list(zip(repeat(1), delivered)), True
         attempts = list(map(self._attempts.pop, seqs, repeat(1)))
+        if not lane:
+            self._release_emptied()
         return list(zip(attempts, delivered, strict=True)), max(attempts, default=1) == 1
 
     def _remove_rest(
@@ -210,6 +226,8 @@ class PendingSet:
             if entry is not None and entry[0] != 1:
                 first = False
             removed.append(entry)
+        if not self._lanes.get(delay):
+            self._release_emptied()
         return removed, first
 
     def touch(self, seq: int, now: float) -> bool:
@@ -265,6 +283,8 @@ class PendingSet:
     def peek_due(self) -> tuple[int, Reason] | None:
         for seq, reason in self._due.items():
             return seq, reason
+        if getsizeof(self._due) > _LARGE_TABLE:  # drained: the first look at the empty queue frees it
+            self._due = OrderedDict()
         return None
 
     def make_all_due(self, reason: Reason) -> None:
@@ -273,6 +293,16 @@ class PendingSet:
         everything = sorted(seq for seq in self if seq not in self._naked)
         self._due = OrderedDict.fromkeys(everything, reason)
         self._lanes = {}
+
+    def _release_emptied(self) -> None:
+        """Fresh containers for the emptied ones whose tables are large (see the module's docstring)."""
+        for delay, lane in self._lanes.items():
+            if not lane and getsizeof(lane) > _LARGE_TABLE:
+                self._lanes[delay] = {}
+        if not self._attempts and getsizeof(self._attempts) > _LARGE_TABLE:
+            self._attempts = {}
+        if not self._due and getsizeof(self._due) > _LARGE_TABLE:
+            self._due = OrderedDict()
 
     def _drop_from_lanes(self, seq: int) -> bool:
         """Take `seq` out of its lane, or out of the nak set; whether it was in either."""
