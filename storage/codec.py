@@ -197,8 +197,9 @@ def key_seq(key: Raw) -> int:
 
 
 def _corrupt(key: Raw, channel: str, why: str) -> IntegrityError:
-    seq = MSG_KEY.unpack(key)[1] if len(key) == MSG_KEY.size else -1
-    return IntegrityError(f"channel {channel!r} message {seq}: stored value is corrupt ({why})")
+    if len(key) != MSG_KEY.size:  # no sequence to name: say what is wrong instead
+        return IntegrityError(f"channel {channel!r}: a message's key is damaged ({len(key)} bytes)")
+    return IntegrityError(f"channel {channel!r} message {MSG_KEY.unpack(key)[1]}: stored value is corrupt ({why})")
 
 
 def encode_channel(info: ChannelInfo) -> bytes:

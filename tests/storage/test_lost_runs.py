@@ -2,7 +2,7 @@
 a damaged position (a sequence in the quadrillions) is reported at once; and a pending entry read from
 the pages of a damaged state file that names a message past its channel's end is left out as damage,
 not taken as billions of lost messages. A message key of the wrong length in sound pages is reported,
-not a traceback."""
+not a traceback, and a short one is named as a damaged key, not as a sequence it cannot hold."""
 
 from __future__ import annotations
 
@@ -14,8 +14,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from storage import DamagedStoreError, LmdbStore, NewMessage
-from storage.codec import MSG_KEY, PENDING_KEY, decode_lost, encode_lost, in_spans, merge_spans, spans, subtract_spans
+from storage import DamagedStoreError, IntegrityError, LmdbStore, NewMessage
+from storage.codec import (
+    MSG_KEY,
+    PENDING_KEY,
+    decode_lost,
+    decode_message,
+    decode_messages,
+    encode_head,
+    encode_lost,
+    encode_message,
+    in_spans,
+    merge_spans,
+    spans,
+    subtract_spans,
+)
 from storage.records import ChannelInfo, SaveSubscription, SetPendingRun, SubscriptionRecord
 from storage.repair import check, repair
 from storage.salvage import SalvagedChannel
@@ -116,3 +129,13 @@ def test_a_damaged_key_length_in_sound_pages_is_reported_not_a_traceback(tmp_pat
         LmdbStore(tmp_path, verify="full")
     with LmdbStore(tmp_path, verify="quick") as store:
         assert [m.seq for m in store.read("c", 1, 100)] == [s for s in range(1, 51) if s != 20]
+
+
+def test_a_message_read_under_a_short_key_is_reported_by_its_channel_not_as_a_sequence() -> None:
+    """A key too short to hold a sequence names no message: the error says the key is damaged."""
+    value = encode_message(1, 7, 1_000, encode_head(""), b"payload")[1]
+    for key in (b"", b"\x00\x00\x00\x01\x00"):
+        with pytest.raises(IntegrityError, match=rf"channel 'c': a message's key is damaged \({len(key)} bytes\)"):
+            decode_message(key, value, "c")
+        with pytest.raises(IntegrityError, match=r"a message's key is damaged"):
+            decode_messages([(key, value)], "c")
