@@ -149,6 +149,15 @@ def _sized(values: list[bytes]) -> bytes:
     return b"".join(U32.pack(len(value)) + value for value in values)
 
 
+def _after(items: list[tuple[bytes, bytes | memoryview]], start: int) -> int:
+    """Where a read goes on after `items`, read from `start`: past the last well-formed key (a key of
+    the wrong length is damage the read has reported, and holds no sequence)."""
+    for key, _ in reversed(items):
+        if len(key) == MSG_KEY.size:
+            return max(key_seq(key) + 1, start + 1)
+    return start + len(items)
+
+
 class LmdbStore(Store):
     recoverable = True
 
@@ -508,8 +517,12 @@ class LmdbStore(Store):
                 if not items:
                     return
                 for key, value in items:
+                    if len(key) != MSG_KEY.size:  # a damaged key: reads report it, and it names no message
+                        continue
                     seen.append(key_seq(key))
                     yield len(value), message_timestamp(value)
+                if not seen or seen[-1] < start:  # nothing well-formed from `start` on in this batch
+                    return
                 start = seen[-1] + 1
 
         count, freed = plan_eviction(limits, info.msgs, info.bytes, oldest(), now)
@@ -583,7 +596,7 @@ class LmdbStore(Store):
                 out += intact
                 if held:
                     break
-            start = key_seq(items[-1][0]) + 1
+            start = _after(items, start)
         return out
 
     def _decode_skipping(

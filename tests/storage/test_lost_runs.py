@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from storage import DamagedStoreError, IntegrityError, LmdbStore, NewMessage
+from storage import ChannelLimits, DamagedStoreError, IntegrityError, LmdbStore, NewMessage, StoreLimits
 from storage.codec import (
     MSG_KEY,
     PENDING_KEY,
@@ -111,17 +111,7 @@ def test_a_damaged_key_length_in_sound_pages_is_reported_not_a_traceback(tmp_pat
         info = store.channel_info("c")
         assert info is not None
         channel_id = info.channel_id
-    data = tmp_path / "msgs" / "data.mdb"
-    raw = bytearray(data.read_bytes())
-    key = MSG_KEY.pack(channel_id, 20)
-    at, found = raw.find(key), 0
-    while at >= 0:
-        if int.from_bytes(raw[at - 2 : at], "little") == MSG_KEY.size:  # the node's key size, before the key
-            raw[at - 2 : at] = (MSG_KEY.size + 1).to_bytes(2, "little")
-            found += 1
-        at = raw.find(key, at + 1)
-    assert found >= 1
-    data.write_bytes(bytes(raw))
+    _damage_key_size(tmp_path, channel_id, 20, MSG_KEY.size + 1)
 
     report = check(tmp_path)
     assert any("a message's key is damaged (13 bytes): left out" in p for p in report.problems), report.problems
@@ -139,3 +129,40 @@ def test_a_message_read_under_a_short_key_is_reported_by_its_channel_not_as_a_se
             decode_message(key, value, "c")
         with pytest.raises(IntegrityError, match=r"a message's key is damaged"):
             decode_messages([(key, value)], "c")
+
+
+def _damage_key_size(directory: Path, channel_id: int, seq: int, size: int) -> None:
+    """Set the key size of the message file's node for `seq` to `size`: the page stays sound."""
+    data = directory / "msgs" / "data.mdb"
+    raw = bytearray(data.read_bytes())
+    key = MSG_KEY.pack(channel_id, seq)
+    at, found = raw.find(key), 0
+    while at >= 0:
+        if int.from_bytes(raw[at - 2 : at], "little") == MSG_KEY.size:  # the node's key size, before the key
+            raw[at - 2 : at] = size.to_bytes(2, "little")
+            found += 1
+        at = raw.find(key, at + 1)
+    assert found >= 1
+    data.write_bytes(bytes(raw))
+
+
+def test_a_key_too_short_for_a_sequence_ends_no_read_and_no_eviction(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With `quick` a read can end on a key of 11 bytes (too short to hold a sequence): it goes on past
+    it, reports it, and an eviction walk over it does not fail either."""
+    with LmdbStore(tmp_path) as store:
+        store.ensure_channel("c")
+        store.append([NewMessage("c", b"m%d" % i) for i in range(400)])
+        info = store.channel_info("c")
+        assert info is not None
+        channel_id = info.channel_id
+    _damage_key_size(tmp_path, channel_id, 300, MSG_KEY.size - 1)
+    limits = StoreLimits(channel=ChannelLimits(max_msgs=50))
+    with LmdbStore(tmp_path, verify="quick", limits=limits) as store:
+        read = [m.seq for m in store.read("c", 280, 21)]  # the 21st pair read is the damaged one
+        assert read[:20] == list(range(280, 300)), read
+        assert "a message's key is damaged (11 bytes)" in caplog.text
+        store.append([NewMessage("c", b"more")])  # over max_msgs: the eviction walk passes the damaged key
+        info = store.channel_info("c")
+        assert info is not None and info.last_seq == 401 and info.first_seq > 300
