@@ -149,6 +149,19 @@ def _sized(values: list[bytes]) -> bytes:
     return b"".join(U32.pack(len(value)) + value for value in values)
 
 
+def _consecutive(info: ChannelInfo, start: int, items: list[tuple[bytes, bytes | memoryview]]) -> bool:
+    """Whether a read from `start` came back as the channel's consecutive messages from there, or the
+    channel has gaps of its own (a repair's, an import's) and so cannot be held to that. Two key
+    comparisons per read: the rows of a gapless channel are consecutive, so the first and the last
+    pair's keys settle it."""
+    if info.msgs != info.last_seq - info.first_seq + 1:
+        return True
+    if not items:
+        return False
+    first, cid = max(start, info.first_seq), info.channel_id
+    return items[0][0] == MSG_KEY.pack(cid, first) and items[-1][0] == MSG_KEY.pack(cid, first + len(items) - 1)
+
+
 def _after(items: list[tuple[bytes, bytes | memoryview]], start: int) -> int:
     """Where a read goes on after `items`, read from `start`: past the last well-formed key (a key of
     the wrong length is damage the read has reported, and holds no sequence)."""
@@ -199,7 +212,7 @@ class LmdbStore(Store):
         self._in_lmdb: dict[int, int] = {}  # channel id -> last seq checkpointed into LMDB
         self._dirty: set[int] = set()  # channels whose in-memory state LMDB does not have yet
         self._unretired: int | None = None  # a journal epoch whose checkpoint failed
-        self._damaged: dict[tuple[str, int], None] = {}  # messages found damaged when read (bounded)
+        self._damaged: dict[tuple[int, int], None] = {}  # (channel id, seq) found damaged when read (bounded)
         self.damaged_reads = 0  # reads that met a damaged message
         self._check_lock = threading.Lock()
         self._check = BackgroundCheck() if verify == "background" else None  # owed until it passes
@@ -587,17 +600,59 @@ class LmdbStore(Store):
         start = start_seq
         while len(out) < max_count and start <= info.last_seq:
             items = self._items(info, start, max_count - len(out))
-            if not items:
+            held = False
+            if not _consecutive(info, start, items):
+                items, held = self._past_missing(info, start, items)
+            if items:
+                try:
+                    out += decode_messages(items, name)
+                except IntegrityError:
+                    intact, damaged = self._decode_skipping(info, items)
+                    out += intact
+                    held = held or damaged
+            if held or not items:
                 break
-            try:
-                out += decode_messages(items, name)
-            except IntegrityError:
-                intact, held = self._decode_skipping(info, items)
-                out += intact
-                if held:
-                    break
             start = _after(items, start)
         return out
+
+    def _past_missing(
+        self, info: ChannelInfo, start: int, items: list[tuple[bytes, bytes | memoryview]]
+    ) -> tuple[list[tuple[bytes, bytes | memoryview]], bool]:
+        """A read of a channel without gaps of its own came back with sequences missing: LMDB's search
+        went past rows it holds (a damaged page) or rows are gone. Each missing run not explained by
+        an eviction meanwhile is reported as damage. Returns the pairs to decode and whether the read
+        ends there (the full check is owed: nothing past the damage is served)."""
+        first = max(start, info.first_seq)
+        gaps: list[tuple[int, int, int]] = []  # (first missing, last missing, index of the pair after)
+        expected = first
+        for at, (key, _) in enumerate(items):
+            if len(key) != MSG_KEY.size:
+                continue  # reported when it fails to decode
+            seq = key_seq(key)
+            if seq > expected:
+                gaps.append((expected, seq - 1, at))
+            expected = max(expected, seq + 1)
+        if not items:
+            in_lmdb = self._where(info.channel_id)[0]
+            if first <= min(in_lmdb, info.last_seq):
+                gaps.append((first, min(in_lmdb, info.last_seq), 0))
+        for low, high, at in gaps:
+            if self._missing(info, low, high):
+                return items[:at], True
+        return items, False
+
+    def _missing(self, info: ChannelInfo, low: int, high: int) -> bool:
+        """Report sequences `low`..`high` of a gapless channel as missing, unless an eviction since
+        explains them; True while the full check is owed (see `_found_damaged`)."""
+        now = self._channels.get(info.name.lower())
+        if now is None or now.channel_id != info.channel_id:
+            return False  # deleted meanwhile
+        low = max(low, now.first_seq)
+        if low > high:
+            return False  # evicted by a limit after the read's view of the channel was taken
+        which = f"message {low} is" if low == high else f"messages {low}-{high} are"
+        problem = f"channel {info.name!r}: {which} missing from the message file (none was removed)"
+        return self._report_damage((info.channel_id, low), IntegrityError(problem))
 
     def _decode_skipping(
         self, info: ChannelInfo, items: list[tuple[bytes, bytes | memoryview]]
@@ -616,18 +671,21 @@ class LmdbStore(Store):
     def _found_damaged(self, key: bytes, exc: IntegrityError) -> bool:
         """Report a damaged message a read met. True while the full check is owed: the check ends at
         once with this damage (`check_fully`), and the read must not go past the message."""
+        return self._report_damage(MSG_KEY.unpack(key) if len(key) == MSG_KEY.size else (-1, len(key)), exc)
+
+    def _report_damage(self, where: tuple[int, int], exc: IntegrityError) -> bool:
+        """`_found_damaged` for damage found at `where` (channel id, sequence)."""
         self.damaged_reads += 1
         with self._check_lock:
             if self._check is not None:
                 self._read_damage.append(str(exc))
                 self._check.stop()
                 return True
-        where = MSG_KEY.unpack(key) if len(key) == MSG_KEY.size else (-1, len(key))
         if where in self._damaged or len(self._damaged) >= DAMAGED_LOG_LIMIT:
             return False
         self._damaged[where] = None
         log.error(
-            "%s in %s: it is skipped and every other message is still delivered; "
+            "%s in %s: skipped, and every other message is still delivered; "
             "`streaming-server check --dir %s` lists all damage",
             exc,
             self._msgs.path / "data.mdb",
@@ -683,6 +741,8 @@ class LmdbStore(Store):
                     message = decode_message(key, value, name)
                 except IntegrityError as exc:
                     self._found_damaged(key, exc)  # not served either way
+            elif info.first_seq <= seq <= in_lmdb and info.msgs == info.last_seq - info.first_seq + 1:
+                self._missing(info, seq, seq)  # a gapless channel's row not found: not served either way
             out.append(message)
         return out
 

@@ -2,7 +2,9 @@
 a damaged position (a sequence in the quadrillions) is reported at once; and a pending entry read from
 the pages of a damaged state file that names a message past its channel's end is left out as damage,
 not taken as billions of lost messages. A message key of the wrong length in sound pages is reported,
-not a traceback, and a short one is named as a damaged key, not as a sequence it cannot hold."""
+not a traceback, and a short one is named as a damaged key, not as a sequence it cannot hold. Intact
+messages that LMDB's search steps over in such a page are reported as missing, never skipped
+silently; a channel with gaps of its own (an import's) is not held to that."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from storage import ChannelLimits, DamagedStoreError, IntegrityError, LmdbStore, NewMessage, StoreLimits
+from storage import ChannelLimits, DamagedStoreError, IntegrityError, LmdbStore, Message, NewMessage, StoreLimits
 from storage.codec import (
     MSG_KEY,
     PENDING_KEY,
@@ -166,3 +168,56 @@ def test_a_key_too_short_for_a_sequence_ends_no_read_and_no_eviction(
         store.append([NewMessage("c", b"more")])  # over max_msgs: the eviction walk passes the damaged key
         info = store.channel_info("c")
         assert info is not None and info.last_seq == 401 and info.first_seq > 300
+
+
+def _store_with_a_short_key(directory: Path) -> None:
+    """400 messages; message 300's key cut to 11 bytes. LMDB's search in that page then steps over
+    298 and 299 (intact) when asked for them."""
+    with LmdbStore(directory) as store:
+        store.ensure_channel("c")
+        store.append([NewMessage("c", b"m%d" % i) for i in range(400)])
+        info = store.channel_info("c")
+        assert info is not None
+        channel_id = info.channel_id
+    _damage_key_size(directory, channel_id, 300, MSG_KEY.size - 1)
+
+
+def test_intact_messages_a_damaged_page_hides_are_reported_missing_not_skipped_silently(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _store_with_a_short_key(tmp_path)
+    with LmdbStore(tmp_path, verify="quick") as store:
+        read = [m.seq for m in store.read("c", 298, 3)]
+        assert 298 not in read and 299 not in read, "the premise: LMDB's search steps over them"
+        assert "'c': messages 298-300 are missing from the message file (none was removed)" in caplog.text
+        assert store.get_many("c", [297, 299, 301])[1] is None
+        assert "'c': message 299 is missing" in caplog.text or "messages 298-300" in caplog.text
+        assert store.damaged_reads >= 2
+
+
+def test_with_the_full_check_owed_a_read_ends_before_messages_it_cannot_find(tmp_path: Path) -> None:
+    """`background`: until the full check has passed, nothing past damage is served, and the check
+    ends at once with what the read found."""
+    _store_with_a_short_key(tmp_path)
+    with LmdbStore(tmp_path, verify="background") as store:
+        assert store.unchecked
+        assert [m.seq for m in store.read("c", 298, 3)] == []
+        assert [m.seq for m in store.read("c", 290, 20)] == list(range(290, 300))  # read in page order: intact
+        found = store.check_fully()
+        assert found is not None and "messages 298-300 are missing from the message file" in found
+
+
+def test_a_channel_with_gaps_of_its_own_is_read_without_reports(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An import keeps the sequences it found, gaps and all: those gaps are not damage."""
+    kept = [*range(1, 11), *range(20, 31)]
+    with LmdbStore(tmp_path) as store:
+        store.load_channel("c", [Message(seq, 1_000 + seq, "c", "", b"x") for seq in kept], last_seq=30)
+    with LmdbStore(tmp_path, verify="background") as store:
+        assert [m.seq for m in store.read("c", 1, 100)] == kept
+        assert [m.seq for m in store.read("c", 5, 3)] == [5, 6, 7]
+        assert [m.seq for m in store.read("c", 11, 3)] == [20, 21, 22]
+        assert store.get_many("c", [10, 11, 20]) == [store.get("c", 10), None, store.get("c", 20)]
+        assert store.damaged_reads == 0 and store.check_fully() is None
+    assert "missing" not in caplog.text
