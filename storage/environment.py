@@ -27,25 +27,39 @@ DEFAULT_MAX_MAP_SIZE = 1 << 40
 
 
 class _ResizeGate:
-    """Many transactions at once, or one map resize alone (LMDB requires no open transaction)."""
+    """Many transactions at once, or one map resize alone (LMDB requires no open transaction).
+
+    Every read and write passes it, so a transaction's way through is one plain lock taken twice, and
+    a notification only when a resize waits for the last transaction to end (a context manager and
+    a notification per transaction cost ~2.9 µs, six times LMDB's own begin and end)."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # taken directly on the common path: the Condition's methods are Python
+        self._cond = threading.Condition(self._lock)
         self._active = 0
         self._resizing = False
 
-    @contextlib.contextmanager
-    def shared(self) -> Iterator[None]:
-        with self._cond:
+    def enter(self) -> None:
+        """A transaction begins (after any resize under way)."""
+        with self._lock:
             while self._resizing:
                 self._cond.wait()
             self._active += 1
+
+    def leave(self) -> None:
+        """A transaction has ended."""
+        with self._lock:
+            self._active -= 1
+            if self._resizing and not self._active:
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        self.enter()
         try:
             yield
         finally:
-            with self._cond:
-                self._active -= 1
-                self._cond.notify_all()
+            self.leave()
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -102,28 +116,36 @@ class Environment:
         self.write_lock = threading.Lock()
 
     def read(self, fn: Callable[[lmdb.Transaction], T]) -> T:
-        with self.gate.shared():
-            try:
-                with self.env.begin() as txn:
-                    return fn(txn)
-            except DAMAGED as exc:
-                raise IntegrityError(f"{self.path}: the LMDB file is damaged ({exc})") from exc
+        gate = self.gate
+        gate.enter()
+        try:
+            with self.env.begin() as txn:
+                return fn(txn)
+        except DAMAGED as exc:
+            raise IntegrityError(f"{self.path}: the LMDB file is damaged ({exc})") from exc
+        finally:
+            gate.leave()
 
     def write(self, fn: Callable[[lmdb.Transaction], T]) -> T:
         """Run `fn` in one write transaction and commit; retried whole after growing a full map.
 
         Callers hold `write_lock` and change in-memory mirrors only after this returns.
         """
+        gate = self.gate
         while True:
+            gate.enter()
             try:
-                with self.gate.shared(), self.env.begin(write=True) as txn:
+                with self.env.begin(write=True) as txn:
                     return fn(txn)
             except lmdb.MapFullError:
-                self._grow()
+                pass  # grown below, once out of the gate: a resize waits for every transaction to end
             except DAMAGED as exc:
                 raise IntegrityError(f"{self.path}: the LMDB file is damaged ({exc})") from exc
             except lmdb.Error as exc:
                 raise self._write_error(exc) from exc
+            finally:
+                gate.leave()
+            self._grow()
 
     def _grow(self) -> None:
         with self.gate.exclusive():
