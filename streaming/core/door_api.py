@@ -246,8 +246,11 @@ class DoorApi:
 
     def subscribe(self, request: SubscribeRequest, answer: Callable[[int], None]) -> int:
         """Add a subscription (its channel made by `ensure_channel`); `answer(sub_id)` (the door's
-        response to the request) runs before any of its deliveries go out. Raises RequestError."""
-        return self._core.pipeline.subscribe(request, answer)
+        response to the request) runs before any of its deliveries go out; its record is written
+        without waiting for the state writes' linger. Raises RequestError."""
+        sub_id = self._core.pipeline.subscribe(request, answer)
+        self._core.runtime.write_soon()
+        return sub_id
 
     def creates_durable(self, request: SubscribeRequest) -> bool:
         """Whether `subscribe(request)` would make a durable (or durable queue group) that does not exist."""
@@ -259,8 +262,10 @@ class DoorApi:
         return self._core.engine.durable_bindings(channel, durable_name, client_id)
 
     def unsubscribe(self, sub_id: int, *, close: bool = False) -> None:
-        """Remove a subscription (`close`: keep a durable's position for its return)."""
+        """Remove a subscription (`close`: keep a durable's position for its return), written without
+        waiting for the state writes' linger."""
         self._core.pipeline.unsubscribe(sub_id, close=close)
+        self._core.runtime.write_soon()
 
     def ack(self, sub_id: int, seq: int) -> bool:
         return self._core.pipeline.ack(sub_id, seq)

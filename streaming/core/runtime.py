@@ -206,6 +206,15 @@ class EngineRuntime(StateWriter):
             await trio.lowlevel.checkpoint()
             self.pipeline.pump_more()
 
+    def write_soon(self) -> None:
+        """Write what is queued without waiting for the linger, and without waiting for the write: a
+        subscription made or removed is stored about as soon as it is answered, not a linger later."""
+        self.pipeline.settle()
+        self._urgent = True
+        self._work.set()
+        if self._linger_scope is not None:
+            self._linger_scope.cancel()
+
     async def write_now(self) -> bool:
         """Write everything queued at once (no linger) and wait for it: True once it is stored; False
         if the store refused (a full disk), in which case it stays queued and is written later."""

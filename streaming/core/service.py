@@ -30,10 +30,15 @@ from streaming.core.store_calls import call_store
 
 log = logging.getLogger(__name__)
 # Subscription-state writes (acks, positions) gather this long into one fsynced transaction; a
-# crash loses at most that much of them, which only causes redeliveries. Long enough that a busy
-# subscriber's deliveries are mostly acked within it, so that neither is written (bench/README.md,
-# *Figures behind choices*).
-_STATE_FLUSH_LINGER_S = 0.03
+# crash loses at most that much of them and a half, which only causes redeliveries. Long enough that a
+# busy subscriber's deliveries are mostly acked within it, so that neither is written: with ten
+# subscribers of MaxInflight 1,024 a message is in flight ~0.1 s (bench/README.md, *Figures behind
+# choices*). Subscriptions made or removed do not wait for it (`EngineRuntime.write_soon`).
+_STATE_FLUSH_LINGER_S = 0.1
+# An FT group's active: its state writes are what a standby takes over with, and a takeover is an
+# event the group is built for, not a crash: there a write lingers a third as long, so that a
+# takeover redelivers no more than it did.
+_REPLICATED_FLUSH_LINGER_S = 0.03
 
 
 class Core:
@@ -60,9 +65,11 @@ class Core:
         self._grace = grace
         # With the store on a worker thread (LMDB), state writes linger and wait for a publish commit's
         # end; a memory store's writes cost nothing, so they go at once.
-        self._linger = (
-            flush_linger_s if flush_linger_s is not None else (_STATE_FLUSH_LINGER_S if store_in_thread else 0.0)
-        )
+        if flush_linger_s is None:
+            flush_linger_s = (
+                (_REPLICATED_FLUSH_LINGER_S if remote_store else _STATE_FLUSH_LINGER_S) if store_in_thread else 0.0
+            )
+        self._linger = flush_linger_s
         self._align = align_state_writes if align_state_writes is not None else store_in_thread
         # Every write waits for a replicated log's quorum (an FT group's active): never on the loop.
         self._remote = remote_store

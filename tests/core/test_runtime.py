@@ -283,6 +283,35 @@ async def test_subscription_writes_gather_for_the_flush_linger(autojump_clock: t
         nursery.cancel_scope.cancel()
 
 
+async def test_a_subscription_made_or_removed_is_written_without_waiting_for_the_linger(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Acks wait for the linger; a subscription's record, made or removed through the door API, does
+    not: a crash soon after its answer must not undo it."""
+    w = World(flush_linger_s=1.0)
+    api = DoorApi(w.core)
+    async with trio.open_nursery() as nursery:
+        await w.start(nursery)
+        await w.runtime.flush()
+        request = SubscribeRequest("c", "foo", "_INBOX.d", "_ACK.d", 30_000, 1024, durable_name="d")
+        sub = api.subscribe(request, lambda sub_id: None)
+        await trio.sleep(0.01)
+        assert [r.record.sub_id for r in w.store.recover().subscriptions] == [sub]
+        w.publish(1)
+        await trio.sleep(0.01)
+        assert api.ack(sub, 1)
+        await trio.sleep(0.5)
+        (recovered,) = w.store.recover().subscriptions
+        assert recovered.record.last_sent == 0, "a position waits for the linger"
+        await trio.sleep(1.0)
+        (recovered,) = w.store.recover().subscriptions
+        assert recovered.record.last_sent == 1 and dict(recovered.pending) == {}
+        api.unsubscribe(sub)
+        await trio.sleep(0.01)
+        assert w.store.recover().subscriptions == []
+        nursery.cancel_scope.cancel()
+
+
 async def test_first_deliveries_acked_soon_after_a_flush_cut_are_never_written(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
