@@ -149,12 +149,17 @@ def _sized(values: list[bytes]) -> bytes:
     return b"".join(U32.pack(len(value)) + value for value in values)
 
 
+def _gapless(info: ChannelInfo) -> bool:
+    """Whether the channel holds every sequence from its first to its last: no repair or import left
+    gaps (its message count says so), so a row missing in between is damage."""
+    return info.msgs == info.last_seq - info.first_seq + 1
+
+
 def _consecutive(info: ChannelInfo, start: int, items: list[tuple[bytes, bytes | memoryview]]) -> bool:
     """Whether a read from `start` came back as the channel's consecutive messages from there, or the
-    channel has gaps of its own (a repair's, an import's) and so cannot be held to that. Two key
-    comparisons per read: the rows of a gapless channel are consecutive, so the first and the last
-    pair's keys settle it."""
-    if info.msgs != info.last_seq - info.first_seq + 1:
+    channel has gaps of its own and so cannot be held to that. Two key comparisons per read: the rows
+    of a gapless channel are consecutive, so the first and the last pair's keys settle it."""
+    if not _gapless(info):
         return True
     if not items:
         return False
@@ -741,7 +746,7 @@ class LmdbStore(Store):
                     message = decode_message(key, value, name)
                 except IntegrityError as exc:
                     self._found_damaged(key, exc)  # not served either way
-            elif info.first_seq <= seq <= in_lmdb and info.msgs == info.last_seq - info.first_seq + 1:
+            elif info.first_seq <= seq <= in_lmdb and _gapless(info):
                 self._missing(info, seq, seq)  # a gapless channel's row not found: not served either way
             out.append(message)
         return out
@@ -979,7 +984,8 @@ class LmdbStore(Store):
             return
         if not sealed:
             log.error("%s: the walk after a clean stop found problems; the next start reports them", state_dir)
-        log.debug("state file walked and sealed in %.3f s", time.monotonic() - started)
+        else:
+            log.debug("state file walked and sealed in %.3f s", time.monotonic() - started)
 
 
 def _get_meta(txn: lmdb.Transaction, *, db: lmdb._Database, key: bytes) -> bytes | memoryview | None:

@@ -210,10 +210,15 @@ class EngineRuntime(StateWriter):
         """Write what is queued without waiting for the linger, and without waiting for the write: a
         subscription made or removed is stored about as soon as it is answered, not a linger later."""
         self.pipeline.settle()
+        self._hurry(self._linger_scope)
+
+    def _hurry(self, *scopes: trio.CancelScope | None) -> None:
+        """The next write goes without a linger; `scopes` (a linger, a retry's back-off) end now."""
         self._urgent = True
         self._work.set()
-        if self._linger_scope is not None:
-            self._linger_scope.cancel()
+        for scope in scopes:
+            if scope is not None:
+                scope.cancel()
 
     async def write_now(self) -> bool:
         """Write everything queued at once (no linger) and wait for it: True once it is stored; False
@@ -223,11 +228,7 @@ class EngineRuntime(StateWriter):
         if self._written >= target:
             await trio.lowlevel.checkpoint()
             return self._written_ok
-        self._urgent = True
-        self._work.set()
-        for scope in (self._linger_scope, self._retry_scope):  # someone waits: now, not after a back-off
-            if scope is not None:
-                scope.cancel()
+        self._hurry(self._linger_scope, self._retry_scope)  # someone waits: now, not after a back-off
         while self._written < target:
             await self._write_done.wait()
         return self._written_ok

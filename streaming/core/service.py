@@ -65,11 +65,12 @@ class Core:
         self._grace = grace
         # With the store on a worker thread (LMDB), state writes linger and wait for a publish commit's
         # end; a memory store's writes cost nothing, so they go at once.
-        if flush_linger_s is None:
-            flush_linger_s = (
-                (_REPLICATED_FLUSH_LINGER_S if remote_store else _STATE_FLUSH_LINGER_S) if store_in_thread else 0.0
-            )
-        self._linger = flush_linger_s
+        if flush_linger_s is not None:
+            self._linger = flush_linger_s
+        elif not store_in_thread:
+            self._linger = 0.0
+        else:
+            self._linger = _REPLICATED_FLUSH_LINGER_S if remote_store else _STATE_FLUSH_LINGER_S
         self._align = align_state_writes if align_state_writes is not None else store_in_thread
         # Every write waits for a replicated log's quorum (an FT group's active): never on the loop.
         self._remote = remote_store

@@ -107,13 +107,7 @@ def test_a_damaged_pending_key_past_the_channel_is_left_out_not_counted_lost(tmp
 def test_a_damaged_key_length_in_sound_pages_is_reported_not_a_traceback(tmp_path: Path) -> None:
     """A node's key size damaged (13 bytes where a message key has 12) leaves the pages sound: `check`
     and the full check report it by file and channel, and a read skips that message."""
-    with LmdbStore(tmp_path) as store:
-        store.ensure_channel("c")
-        store.append([NewMessage("c", b"m%d" % i) for i in range(50)])
-        info = store.channel_info("c")
-        assert info is not None
-        channel_id = info.channel_id
-    _damage_key_size(tmp_path, channel_id, 20, MSG_KEY.size + 1)
+    _store_with_a_damaged_key(tmp_path, 50, 20, MSG_KEY.size + 1)
 
     report = check(tmp_path)
     assert any("a message's key is damaged (13 bytes): left out" in p for p in report.problems), report.problems
@@ -133,8 +127,15 @@ def test_a_message_read_under_a_short_key_is_reported_by_its_channel_not_as_a_se
             decode_messages([(key, value)], "c")
 
 
-def _damage_key_size(directory: Path, channel_id: int, seq: int, size: int) -> None:
-    """Set the key size of the message file's node for `seq` to `size`: the page stays sound."""
+def _store_with_a_damaged_key(directory: Path, count: int, seq: int, size: int) -> None:
+    """Channel "c" with `count` messages, the key size of the message file's node for `seq` then set
+    to `size`: the page stays sound."""
+    with LmdbStore(directory) as store:
+        store.ensure_channel("c")
+        store.append([NewMessage("c", b"m%d" % i) for i in range(count)])
+        info = store.channel_info("c")
+        assert info is not None
+        channel_id = info.channel_id
     data = directory / "msgs" / "data.mdb"
     raw = bytearray(data.read_bytes())
     key = MSG_KEY.pack(channel_id, seq)
@@ -153,13 +154,7 @@ def test_a_key_too_short_for_a_sequence_ends_no_read_and_no_eviction(
 ) -> None:
     """With `quick` a read can end on a key of 11 bytes (too short to hold a sequence): it goes on past
     it, reports it, and an eviction walk over it does not fail either."""
-    with LmdbStore(tmp_path) as store:
-        store.ensure_channel("c")
-        store.append([NewMessage("c", b"m%d" % i) for i in range(400)])
-        info = store.channel_info("c")
-        assert info is not None
-        channel_id = info.channel_id
-    _damage_key_size(tmp_path, channel_id, 300, MSG_KEY.size - 1)
+    _store_with_a_damaged_key(tmp_path, 400, 300, MSG_KEY.size - 1)
     limits = StoreLimits(channel=ChannelLimits(max_msgs=50))
     with LmdbStore(tmp_path, verify="quick", limits=limits) as store:
         read = [m.seq for m in store.read("c", 280, 21)]  # the 21st pair read is the damaged one
@@ -170,22 +165,11 @@ def test_a_key_too_short_for_a_sequence_ends_no_read_and_no_eviction(
         assert info is not None and info.last_seq == 401 and info.first_seq > 300
 
 
-def _store_with_a_short_key(directory: Path) -> None:
-    """400 messages; message 300's key cut to 11 bytes. LMDB's search in that page then steps over
-    298 and 299 (intact) when asked for them."""
-    with LmdbStore(directory) as store:
-        store.ensure_channel("c")
-        store.append([NewMessage("c", b"m%d" % i) for i in range(400)])
-        info = store.channel_info("c")
-        assert info is not None
-        channel_id = info.channel_id
-    _damage_key_size(directory, channel_id, 300, MSG_KEY.size - 1)
-
-
 def test_intact_messages_a_damaged_page_hides_are_reported_missing_not_skipped_silently(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    _store_with_a_short_key(tmp_path)
+    # Message 300's key cut to 11 bytes: LMDB's search in that page then steps over 298 and 299 (intact).
+    _store_with_a_damaged_key(tmp_path, 400, 300, MSG_KEY.size - 1)
     with LmdbStore(tmp_path, verify="quick") as store:
         read = [m.seq for m in store.read("c", 298, 3)]
         assert 298 not in read and 299 not in read, "the premise: LMDB's search steps over them"
@@ -198,7 +182,8 @@ def test_intact_messages_a_damaged_page_hides_are_reported_missing_not_skipped_s
 def test_with_the_full_check_owed_a_read_ends_before_messages_it_cannot_find(tmp_path: Path) -> None:
     """`background`: until the full check has passed, nothing past damage is served, and the check
     ends at once with what the read found."""
-    _store_with_a_short_key(tmp_path)
+    # Message 300's key cut to 11 bytes: LMDB's search in that page then steps over 298 and 299 (intact).
+    _store_with_a_damaged_key(tmp_path, 400, 300, MSG_KEY.size - 1)
     with LmdbStore(tmp_path, verify="background") as store:
         assert store.unchecked
         assert [m.seq for m in store.read("c", 298, 3)] == []
