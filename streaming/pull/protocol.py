@@ -12,6 +12,7 @@ by the tag (`If-Match`); repeating a settled ack with the same outcome is answer
 from __future__ import annotations
 
 import datetime
+import re
 import secrets
 from collections import deque
 from collections.abc import Mapping
@@ -22,6 +23,7 @@ import attrs
 from streaming.core.outbound import MAX_NAK_DELAY_S, StartPosition
 
 MAX_INFLIGHT_CAP: Final = 1024  # NATS Streaming's default MaxInflight
+_MINTED_TAIL: Final = re.compile(r"[1-9][0-9]*-[0-9a-f]+")  # a tag's delivery count and serial
 
 
 class BadParameter(Exception):
@@ -336,7 +338,12 @@ class Consumer:
         caller carries out `action` with the engine, then calls `settle`."""
         if if_match is None:
             return AckDecision(428, body={"error": "precondition-required", "detail": 'send If-Match: "<etag>"'})
-        if seq not in self.delivered and not any(s.seq == seq for s in self.settled.values()):
+        tags = _tags(if_match)
+        if (
+            seq not in self.delivered
+            and not any(s.seq == seq for s in self.settled.values())
+            and not any(self._minted(tag, seq) for tag in tags)
+        ):
             return AckDecision(404, body={"error": "not-delivered", "seq": seq})
         bound = self.bound.get(seq)
         if bound is not None and now >= bound.deadline:  # its AckWait passed: the message is re-enqueued
@@ -344,7 +351,7 @@ class Consumer:
             self._void(bound, now, "expired")
             bound = None
         wanted = "acked" if acknowledge else "nacked"
-        for tag in _tags(if_match):
+        for tag in tags:
             if tag == "*":
                 if bound is not None:
                     return AckDecision(204, action="ack" if acknowledge else "nack")
@@ -352,6 +359,10 @@ class Consumer:
             if bound is not None and bound.handout.tag == tag:
                 return AckDecision(204, action="ack" if acknowledge else "nack")
             settled = self.settled.get(tag)
+            if settled is None and self._minted(tag, seq):
+                # A tag of ours for this message that is neither current nor remembered: its
+                # delivery was settled or voided longer ago than the replay window.
+                return AckDecision(412, body={"error": "stale-delivery", "seq": seq, "state": "forgotten"})
             if settled is None or settled.seq != seq:
                 continue
             if settled.outcome == "void":
@@ -424,6 +435,12 @@ class Consumer:
         cutoff = now - window_s
         self.settled = {t: s for t, s in self.settled.items() if s.at >= cutoff}
         self.delivered = {q: at for q, at in self.delivered.items() if at >= cutoff or q in self.bound}
+
+    def _minted(self, tag: str, seq: int) -> bool:
+        """Whether `tag` has the form of a tag this consumer minted for `seq` (what `take` makes), so
+        that `seq` was handed out here even once its delivery has been forgotten."""
+        prefix = f"{self.epoch}-{self.id}-{seq}-"
+        return tag.startswith(prefix) and _MINTED_TAIL.fullmatch(tag, len(prefix)) is not None
 
     def _void(self, bound: Bound, now: float, why: str) -> None:
         self.borrowed.discard(bound.handout.seq)

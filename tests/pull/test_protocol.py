@@ -39,6 +39,23 @@ def test_an_ack_without_if_match_or_of_an_unknown_message_is_refused() -> None:
     assert c.decide('"x"', 1, acknowledge=True, now=0.0, settings=SETTINGS).status == 404
 
 
+def test_a_repeat_past_the_replay_window_is_stale_whether_or_not_the_sweep_has_run() -> None:
+    for swept in (False, True):
+        c = consumer(ack_wait_s=30)
+        c.offer(1, 0, b"one", attempt=1, now=0.0)
+        handout = c.take(now=0.0, wall_s=0.0, serial="a")
+        assert handout is not None
+        assert c.decide(f'"{handout.tag}"', 1, acknowledge=True, now=1.0, settings=SETTINGS).action == "ack"
+        c.settle(1, acknowledge=True, now=1.0)
+        if swept:
+            c.prune(now=62.0, window_s=SETTINGS.ack_replay_window_s)
+        late = c.decide(f'"{handout.tag}"', 1, acknowledge=True, now=62.0, settings=SETTINGS)
+        assert late.status == 412 and late.body is not None and late.body["state"] == "forgotten", swept
+        assert c.decide(f'"{handout.tag}"', 2, acknowledge=True, now=62.0, settings=SETTINGS).status == 404
+        other = pp.Consumer("c2", "orders", pp.ConsumerOptions(), "e0", now=0.0)
+        assert other.decide(f'"{handout.tag}"', 1, acknowledge=True, now=62.0, settings=SETTINGS).status == 404
+
+
 def test_past_its_ackwait_a_delivery_is_void_and_its_tag_stale() -> None:
     c = consumer(ack_wait_s=5)
     c.offer(7, 0, b"x", attempt=1, now=0.0)
