@@ -1,6 +1,7 @@
 """The engine's message reader answers every read exactly as the store would, whatever it holds in
 its cache of runs: reads and redelivery lookups at any positions, over gaps in a channel (as a repair
-leaves them), across the cache's generations and after `forget`."""
+leaves them), across the cache's generations, with commits handed over and kept or not, and after
+`forget`."""
 
 from __future__ import annotations
 
@@ -47,13 +48,15 @@ def store_with_gaps(gaps: set[int]) -> Iterator[LmdbStore]:
 
 operations = st.lists(
     st.one_of(
-        st.tuples(st.just("read"), st.sampled_from(CHANNELS), st.integers(1, STORED + 2), st.integers(1, 25)),
+        st.tuples(st.just("read"), st.sampled_from(CHANNELS), st.integers(1, STORED + 40), st.integers(1, 25)),
         st.tuples(
             st.just("read_many"),
             st.sampled_from(CHANNELS),
-            st.lists(st.integers(1, STORED), min_size=1, max_size=8, unique=True).map(sorted),
+            st.lists(st.integers(1, STORED + 40), min_size=1, max_size=8, unique=True).map(sorted),
         ),
         st.tuples(st.just("forget")),
+        # A commit of `count` messages, handed over, then released with a reader `behind` them or not.
+        st.tuples(st.just("append"), st.sampled_from(CHANNELS), st.integers(1, 12), st.integers(0, 20)),
     ),
     min_size=1,
     max_size=30,
@@ -77,6 +80,18 @@ def test_the_reader_answers_as_the_store_does(gaps: set[int], ops: list[tuple[ob
                 _, channel, seqs = op
                 assert isinstance(channel, str) and isinstance(seqs, list)
                 assert reader.read_many(channel, seqs) == store.get_many(channel, seqs), op
+            elif op[0] == "append":
+                _, channel, count, behind = op
+                assert isinstance(channel, str) and isinstance(count, int) and isinstance(behind, int)
+                payloads = [b"new%d" % i for i in range(count)]
+                result = store.append([NewMessage(channel, data) for data in payloads])
+                appended = [
+                    Message(seq, ts, channel, "", data)
+                    for (seq, ts), data in zip(result.assigned, payloads, strict=True)
+                ]
+                reader.hold_appended(channel, appended)
+                assert list(reader.read(channel, appended[0].seq, count)) == appended
+                reader.release_appended(channel, [appended[0].seq - 1 - behind])
             else:
                 reader.forget()
 

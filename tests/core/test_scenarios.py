@@ -277,6 +277,28 @@ def test_a_fan_out_reads_each_message_once() -> None:
     assert store.asked == 50, f"{store.asked} messages read back for 20 x 50 redeliveries"
 
 
+@pytest.mark.parametrize("queue", ["", "g"])
+def test_a_subscriber_behind_the_publisher_gets_what_was_just_published_without_a_store_read(queue: str) -> None:
+    # MaxInflight holds back most of a commit: the rest goes out as acks free room, from what the
+    # commit handed over, not read back and checked again. With no one behind, nothing is kept.
+    store = _ReadCountingStore()
+    h = Harness(store)
+    h.client()
+    sub = h.subscribe(queue=queue, max_inflight=4)
+    h.publish("foo", count=40)
+    got: list[int] = []
+    while len(got) < 40:
+        seqs = h.seqs(sub)
+        assert seqs, f"stalled after {got}"
+        got += seqs
+        h.ack(sub, *seqs)
+    assert got == list(range(1, 41)) and store.asked == 0, f"{store.asked} messages read back"
+    cached = h.engine._reader._new.messages
+    h.publish("foo", count=3)
+    assert h.seqs(sub) == [41, 42, 43]
+    assert h.engine._reader._new.messages == cached, "a commit everyone took at once is not kept"
+
+
 def test_a_cache_too_small_for_the_backlog_still_delivers_everything(monkeypatch: pytest.MonkeyPatch) -> None:
     # Two subscriptions drifting apart in a backlog larger than the cache: each still gets every
     # message once, in order, whatever the cache dropped in between.

@@ -887,11 +887,15 @@ class Engine(EffectsAccumulator):
             # A batch that went over a limit may have evicted some of its own messages already.
             kept = messages[max(0, info.first_seq - messages[0].seq) :]
             self._reader.hold_appended(channel, kept)
-        for sub in list(self._plain.get(channel, {}).values()):
+        plain = list(self._plain.get(channel, {}).values())
+        groups = list(self._groups.get(channel, {}).values())
+        for sub in plain:
             self._pump_sub(sub, now)
-        for group in list(self._groups.get(channel, {}).values()):
+        for group in groups:
             self._pump_group(group, now)
-        self._reader.release_appended(channel)
+        positions = [sub.last_sent for sub in plain]
+        positions += [group.last_sent for group in groups]
+        self._reader.release_appended(channel, positions)
 
     def has_readers(self, channel: str) -> bool:
         """Whether any online subscription or queue group on `channel` may want new messages (when

@@ -9,6 +9,10 @@ bisection on its first sequence), so a read served from it costs a lookup and a 
 goes to the store costs no work per message to remember. It holds two generations of up to
 `_GENERATION` messages (and `_GENERATION_BYTES` of payload) each: when the newer one fills up it
 becomes the older and the older is dropped, so the bound holds without a per-message eviction.
+
+A commit's batch joins the cache when a subscription is behind it (its MaxInflight reached, or a
+queue group whose members all are): the messages it takes as acks free room are then the ones the
+commit built, as they are for a subscriber keeping up, not read back and checked again.
 """
 
 from __future__ import annotations
@@ -79,8 +83,19 @@ class MessageReader:
         if messages:
             self._recent[channel] = (messages[0].seq, messages)
 
-    def release_appended(self, channel: str) -> None:
-        self._recent.pop(channel, None)
+    def release_appended(self, channel: str, positions: Sequence[int] = ()) -> None:
+        """Reads of the held messages go elsewhere from now on: to the cache if a reader of the
+        channel (`positions`: the last sequence each has taken) is behind them by less than a
+        generation, as one held back by its MaxInflight is, so that it gets them from memory;
+        else to the store."""
+        held = self._recent.pop(channel, None)
+        if held is None:
+            return
+        first, messages = held
+        last = first + len(messages) - 1
+        reach = first - 1 - _GENERATION
+        if any(reach <= position < last for position in positions):
+            self._keep(channel, messages)
 
     def forget(self) -> None:
         """Messages were dropped (limits) or a channel deleted: nothing cached may be served again."""
