@@ -24,16 +24,17 @@ def error_text(error: Exception) -> str:
 class StanOutbound:
     def __init__(self, broker: Bus) -> None:
         self._broker = broker
-        self._msg = pb.MsgProto()
-        self._pub_ack = pb.PubAck()
 
     def deliver(self, deliveries: Sequence[Delivery]) -> None:
         # A pass of the engine mostly sends runs of messages to one inbox (a backlog, a redelivery
         # chunk): each run is framed and written in one broker call. One MsgProto is re-filled per
         # delivery, setting only what differs from the one before: a new message object per delivery
-        # and every field set on it cost twice as much (bench/README.md, **consume**).
+        # and every field set on it cost twice as much (bench/README.md, **consume**). It lives for
+        # this call only: protobuf copies every string and bytes value set on a message into memory
+        # the message owns and frees only with it, so one kept for the server's life grew by each
+        # delivery's payload.
         publish_many = self._broker.publish_many
-        msg = self._msg
+        msg = pb.MsgProto()
         serialize = msg.SerializeToString
         inbox = ""
         run: list[bytes] = []
@@ -64,7 +65,9 @@ class StanOutbound:
 
     def published(self, publishes: Sequence[Publish], outcomes: Sequence[Outcome]) -> None:
         acks: dict[str, list[bytes]] = {}  # per ack inbox (one per client), in order
-        pub_ack = self._pub_ack  # one message re-filled per publish: half the cost of a new one each
+        # One message re-filled per publish, half the cost of a new one each; a new one per call, as
+        # in `deliver`, or its memory would grow by every GUID set on it.
+        pub_ack = pb.PubAck()
         serialize = pub_ack.SerializeToString
         text = pub_ack.error = ""  # what `pub_ack` holds, tracked here: reading a field back costs too
         inbox, run = "", []  # a commit's publishes come in runs from one publisher: one lookup a run
