@@ -893,8 +893,8 @@ class Engine(EffectsAccumulator):
             self._pump_sub(sub, now)
         for group in groups:
             self._pump_group(group, now)
-        positions = [sub.last_sent for sub in plain]
-        positions += [group.last_sent for group in groups]
+        # Where each reader stands decides whether the batch stays in the cache (none held: no matter).
+        positions = [sub.last_sent for sub in plain] + [group.last_sent for group in groups] if messages else []
         self._reader.release_appended(channel, positions)
 
     def has_readers(self, channel: str) -> bool:
