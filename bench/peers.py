@@ -196,9 +196,20 @@ def stan(*, data: Path | None = None, keep: bool = False) -> Iterator[Server]:
         yield server
 
 
+@contextmanager
+def stan_floor() -> Iterator[Server]:
+    """bench/stan_floor.py: the least a STAN server on Trio does per message, for the floor under ours."""
+    data = Path(tempfile.mkdtemp(prefix="bench-floor-"))
+    port = free_port()
+    script = Path(__file__).resolve().parent / "stan_floor.py"
+    with _running("floor", [sys.executable, str(script), str(port), str(data)], port, data, False) as server:
+        wait_stan(port)
+        yield server
+
+
 def start(system: str) -> AbstractContextManager[Server]:
-    """One of SYSTEMS, ours_nosync (ours with `--file_sync=false`) or stan (nats-streaming-server), at
-    its benchmark settings."""
+    """One of SYSTEMS, ours_nosync (ours with `--file_sync=false`), stan (nats-streaming-server) or
+    floor (bench/stan_floor.py), at its benchmark settings."""
     if system == "ours":
         return ours()
     if system == "ours_nosync":
@@ -207,6 +218,8 @@ def start(system: str) -> AbstractContextManager[Server]:
         return redis()
     if system == "stan":
         return stan()
+    if system == "floor":
+        return stan_floor()
     return jetstream(sync_always=system == "jetstream_sync")
 
 

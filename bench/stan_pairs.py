@@ -1,14 +1,15 @@
 """Ours against nats-streaming-server with the same Node client, in alternated pairs: the figures
-issue 46 sets targets for, steadier than the one pair each of publish.py and consume.py.
+issue 46 sets targets for, steadier than the one pair each of publish.py and consume.py. The floor
+(`bench/stan_floor.py`: the least a STAN server on Trio does per message) runs in the same rounds.
 
     python bench/stan_pairs.py [--quick] [--json] [--pairs N]
 
 Workloads (`bench/node/clients.js`, node-nats-streaming 0.3.2 against both; `npm ci --prefix
 bench/node` first): a pipelined publish of 50,000 x 128 B, then consumes with an ack per message
 (MaxInflight 1024): 50,000 by one subscriber, 10,000 by each of ten, 50,000 by a queue group of four
-(quick: a fifth of each). A pair runs ours and nats-streaming-server (`STAN_SERVER`, else
-../shared/peers; its FILE store at its defaults) one after the other, each on a fresh server; who
-goes first alternates. Per workload: medians of msgs/s, server CPU per message and the client's
+(quick: a fifth of each). A round runs ours, nats-streaming-server (`STAN_SERVER`, else
+../shared/peers; its FILE store at its defaults) and the floor one after the other, each on a fresh
+server; who goes first rotates. Per workload: medians of msgs/s, server CPU per message and the client's
 main-thread busy share, the client's CPU per message (busy share / rate: what this client spends on
 each message against that server), and the pair ratios ours / it of rate and of server CPU.
 
@@ -16,7 +17,11 @@ JSON keys: `<workload>_<system>_msgs_per_s`, `_server_us_per_msg`, `_client_busy
 `_client_us_per_msg`, `_client_reads` and `_client_read_p50_bytes` (the reads of the client's
 sockets and their median size: how each server's writes reach it); `<workload>_ratio` and
 `<workload>_cpu_ratio` (medians of the pairs'; targets >= 1.5 and <= 1.0), with every pair's in
-`<workload>_ratios` and `<workload>_cpu_ratios`; `pairs`.
+`<workload>_ratios` and `<workload>_cpu_ratios`; `pairs`. The floor's keys are `<workload>_floor_*`
+as above, `<workload>_floor_cpu_ratio` (floor / nats-streaming-server: the least any server written
+like ours could reach against the CPU target) and `<workload>_cpu_vs_floor` (ours / floor: what the
+durable store, the engine and the doors cost on top), medians of the rounds', each round's in
+`<workload>_floor_cpu_ratios` and `<workload>_cpu_vs_floor_ratios`.
 node-nats-streaming runs on one thread: when `client_busy` is near 1.0 against both, the client is
 the limit and the rate ratio says nothing of the servers.
 """
@@ -41,6 +46,7 @@ from bench.report import arguments, machine, print_report, progress  # noqa: E40
 # Messages in the channel per consume case (consume.py's cases; ten subscribers read each ten times).
 CONSUMED = {"1sub": 50_000, "10subs": 10_000, "queue4": 50_000}
 # name: (clients.js workload, messages, subscribers, queue group, messages the CPU is divided by)
+_SYSTEMS = ("ours", "stan", "floor")
 WORKLOADS: dict[str, tuple[str, int, int, bool, int]] = {
     "publish": ("publish", 50_000, 1, False, 50_000),
     **{case: ("consume", n, *CASES[case], expected(case, n)) for case, n in CONSUMED.items()},
@@ -59,11 +65,11 @@ def main() -> None:
     result: dict[str, Any] = {"machine": machine(), "pairs": pairs, "scale": "quick" if args.quick else "full"}
     rows: list[tuple[str, str, str]] = []
     with progress(console) as bar:
-        task = bar.add_task("pairs", total=len(WORKLOADS) * pairs * 2)
+        task = bar.add_task("pairs", total=len(WORKLOADS) * pairs * len(_SYSTEMS))
         for name, (workload, messages, subscribers, queue, count) in WORKLOADS.items():
-            runs: dict[str, list[NodeRun]] = {"ours": [], "stan": []}
+            runs: dict[str, list[NodeRun]] = {"ours": [], "stan": [], "floor": []}
             for pair in range(pairs):
-                for system in ("ours", "stan") if pair % 2 == 0 else ("stan", "ours"):
+                for system in _SYSTEMS[pair % 3 :] + _SYSTEMS[: pair % 3]:
                     bar.update(task, description=f"{name}: {system}")
                     run = run_node(system, workload, messages // scale, subscribers, queue, count // scale)
                     runs[system].append(run)
@@ -83,6 +89,12 @@ def main() -> None:
             result[f"{name}_ratios"], result[f"{name}_cpu_ratios"] = ratios, cpu
             result[f"{name}_ratio"] = statistics.median(ratios)
             result[f"{name}_cpu_ratio"] = statistics.median(cpu) if cpu else None
+            floor = list(zip(runs["ours"], runs["stan"], runs["floor"], strict=True))
+            under = [round(f.server_us_per_msg / t.server_us_per_msg, 3) for _, t, f in floor if t.server_us_per_msg]
+            over = [round(o.server_us_per_msg / f.server_us_per_msg, 3) for o, _, f in floor if f.server_us_per_msg]
+            result[f"{name}_floor_cpu_ratios"], result[f"{name}_cpu_vs_floor_ratios"] = under, over
+            result[f"{name}_floor_cpu_ratio"] = statistics.median(under) if under else None
+            result[f"{name}_cpu_vs_floor"] = statistics.median(over) if over else None
             ours, stan = f"{name}_ours", f"{name}_stan"
             rates = f"{result[f'{ours}_msgs_per_s']:,} / {result[f'{stan}_msgs_per_s']:,}"
             rates += f" = {result[f'{name}_ratio']:.2f}"
@@ -92,6 +104,14 @@ def main() -> None:
                     f"  server CPU per message, µs (ours / it = {result[f'{name}_cpu_ratio']})",
                     f"{result[f'{ours}_server_us_per_msg']} / {result[f'{stan}_server_us_per_msg']}",
                     "<= 1.0",
+                )
+            )
+            rows.append(
+                (
+                    f"  the floor: msgs/s; server CPU per message, µs (floor / it = "
+                    f"{result[f'{name}_floor_cpu_ratio']}; ours / floor = {result[f'{name}_cpu_vs_floor']})",
+                    f"{result[f'{name}_floor_msgs_per_s']:,}; {result[f'{name}_floor_server_us_per_msg']}",
+                    "",
                 )
             )
             reads = f"{result[f'{ours}_client_reads']:,} of {result[f'{ours}_client_read_p50_bytes']:,} B / "

@@ -1,6 +1,7 @@
 // Fast clients for the benchmarks: the same workload driven from Node on both sides.
 // Usage: node clients.js <system> <workload> <port> <messages> [subscribers] [queue]
-//   system: ours or stan (node-nats-streaming; stan: nats-streaming-server) | jetstream (nats.js 2.x, a file stream)
+//   system: ours, stan or floor (node-nats-streaming; stan: nats-streaming-server; floor: bench/stan_floor.py)
+//           | jetstream (nats.js 2.x, a file stream)
 //   workload: publish (pipelined, every PubAck awaited at the end) | sequential (one at a time, each
 //             PubAck awaited before the next publish; 300 untimed first) | consume (pre-published,
 //             then push delivery with an ack per message, MaxInflight / max_ack_pending 1024)
@@ -174,4 +175,4 @@ function finish(started, count) {
   done({ msgs_per_s: count / seconds, seconds, client_us_per_msg: (cpu.user + cpu.system) / count, reads, read_p50_bytes: median });
 }
 
-(system === 'ours' || system === 'stan' ? ours() : jetstream()).catch(fail);
+(['ours', 'stan', 'floor'].includes(system) ? ours() : jetstream()).catch(fail);
