@@ -45,8 +45,8 @@ from bench.report import arguments, machine, print_report, progress  # noqa: E40
 
 # Messages in the channel per consume case (consume.py's cases; ten subscribers read each ten times).
 CONSUMED = {"1sub": 50_000, "10subs": 10_000, "queue4": 50_000}
-# name: (clients.js workload, messages, subscribers, queue group, messages the CPU is divided by)
 _SYSTEMS = ("ours", "stan", "floor")
+# name: (clients.js workload, messages, subscribers, queue group, messages the CPU is divided by)
 WORKLOADS: dict[str, tuple[str, int, int, bool, int]] = {
     "publish": ("publish", 50_000, 1, False, 50_000),
     **{case: ("consume", n, *CASES[case], expected(case, n)) for case, n in CONSUMED.items()},
@@ -67,7 +67,7 @@ def main() -> None:
     with progress(console) as bar:
         task = bar.add_task("pairs", total=len(WORKLOADS) * pairs * len(_SYSTEMS))
         for name, (workload, messages, subscribers, queue, count) in WORKLOADS.items():
-            runs: dict[str, list[NodeRun]] = {"ours": [], "stan": [], "floor": []}
+            runs: dict[str, list[NodeRun]] = {system: [] for system in _SYSTEMS}
             for pair in range(pairs):
                 for system in _SYSTEMS[pair % 3 :] + _SYSTEMS[: pair % 3]:
                     bar.update(task, description=f"{name}: {system}")

@@ -73,8 +73,9 @@ async def test_a_queue_groups_members_share_the_messages_without_a_copy(floor_po
 
             counts_a: list[int] = []
             counts_b: list[int] = []
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(take, sub_a, counts_a)
-                nursery.start_soon(take, sub_b, counts_b)
+            with trio.fail_after(10):  # a floor that stopped sending fails here instead of hanging
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(take, sub_a, counts_a)
+                    nursery.start_soon(take, sub_b, counts_b)
     assert sorted(seen) == list(range(1, 401))
     assert counts_a and counts_b
