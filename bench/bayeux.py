@@ -23,17 +23,21 @@ a Node Bayeux server that keeps nothing on disk and has no acks. Each server is 
 Runs go in rounds: each round runs every system once per transport and mode, who goes first
 alternating between rounds; each figure is the median over rounds, and the ratio of each round is
 printed too (how steady the comparison is). Full: 50,000 messages and 4,000 at the rate, 5 rounds;
-quick: 20,000 and 1,000, 3 rounds (about six minutes on 2 cores).
+quick: 20,000 and 1,000, 3 rounds (three to six minutes on 2 cores).
 
 The floor (`bench/bayeux_floor.py`, both transports): a Bayeux server on our HTTP stack (hypercorn's
 Trio worker and Starlette) that does what Faye does and nothing more: in memory, no acks, no checks.
-Its throughput and latency bound what any server on that stack reaches with this client.
+Its throughput and latency bound what any server on that stack reaches with this client. The durable
+floor (`bayeux_floor.py --durable`) is the same with each request's publishes appended to a file and
+`fdatasync`ed before they fan out and are answered, as ours commits them: what the disk adds, so
+what bounds a server that delivers only what is on disk.
 
 JSON keys: `<system>[_ws]_msgs_per_s`, `<system>[_ws]_cpu_us_per_msg` (the server process's CPU over
 the throughput run, per message), `<system>[_ws]_p50_ms`, `<system>[_ws]_p99_ms` (ours and Faye),
 `[ws_]throughput_ratio_vs_faye` (target >= 1.0), `[ws_]p99_ratio_vs_faye` (target <= 1.5), with
 `..._rounds` lists of the per-round ratios, `[ws_]floor_ratio_vs_faye`, `[ws_]floor_p99_ratio_vs_faye`,
-`[ws_]throughput_ratio_vs_floor`; `<system>[_ws]_client_busy` (the share of one core the CometD client's
+`[ws_]throughput_ratio_vs_floor`, `[ws_]durable_floor_ratio_vs_faye`, `[ws_]durable_floor_p99_ratio_vs_faye`,
+`[ws_]p99_ratio_vs_durable_floor`; `<system>[_ws]_client_busy` (the share of one core the CometD client's
 main thread used over the throughput run: near 1.0 the client is the limit, as it is with Faye) and
 `[ws_]client_ceiling_vs_faye` (ours msgs/s over that share, against Faye's msgs/s: what a server that
 never kept the client waiting would show with this client, so whether the target is within the
@@ -59,17 +63,21 @@ from bench.report import arguments, machine, print_report, progress  # noqa: E40
 
 BATCH = 100
 TRANSPORTS = ("long-polling", "websocket")
-SYSTEMS = ("ours", "faye", "floor")  # the floor's latency too: what the stack costs before any work of ours
+# The floors' latency too: what the stack costs before any work of ours, and what the disk adds to it.
+SYSTEMS = ("ours", "faye", "floor", "durable_floor")
+FLOOR = [sys.executable, str(ROOT / "bench" / "bayeux_floor.py"), "{port}"]
 _SUFFIX = {"long-polling": "", "websocket": "_ws"}  # in figures' keys: ours_ws_msgs_per_s
 _RATIO = {"long-polling": "", "websocket": "ws_"}  # in ratios' keys: ws_throughput_ratio_vs_faye
 
 
 def server(system: str) -> AbstractContextManager[peers.Server]:
-    """A fresh server: ours with its HTTP client port, Faye, or the floor of our HTTP stack."""
+    """A fresh server: ours with its HTTP client port, Faye, or the floor of our HTTP stack (durable or not)."""
     if system == "ours":
         return peers.http_server("bayeux")
     if system == "floor":
-        return peers.http_server("floor", [sys.executable, str(ROOT / "bench" / "bayeux_floor.py"), "{port}"])
+        return peers.http_server("floor", FLOOR)
+    if system == "durable_floor":
+        return peers.http_server("durable_floor", [*FLOOR, "--durable", "{data}"])
     return peers.http_server("faye", ["node", str(NODE_DIR / "faye_server.js"), "{port}"])
 
 
@@ -106,7 +114,7 @@ def plan(runs: int) -> list[tuple[str, str, str]]:
 
 def main() -> None:
     parser = arguments(
-        __doc__, quick="20,000 messages and 1,000 at the rate after a warm-up, 3 alternating rounds (about 6 minutes)"
+        __doc__, quick="20,000 messages and 1,000 at the rate after a warm-up, 3 alternating rounds (3-6 minutes)"
     )
     parser.add_argument("--runs", type=int, help="rounds (default 5, quick 3)")
     parser.add_argument("--rate", type=int, default=200, help="messages/s in the latency run (default 200)")
@@ -165,6 +173,14 @@ def main() -> None:
         result[f"{ratio}throughput_ratio_vs_floor"] = round(
             result[f"ours{x}_msgs_per_s"] / result[f"floor{x}_msgs_per_s"], 3
         )
+        durable = result[f"durable_floor{x}_msgs_per_s"], result[f"durable_floor{x}_p99_ms"]
+        result[f"{ratio}durable_floor_ratio_vs_faye"] = round(durable[0] / result[f"faye{x}_msgs_per_s"], 3)
+        result[f"{ratio}durable_floor_p99_ratio_vs_faye"] = round(durable[1] / result[f"faye{x}_p99_ms"], 3)
+        result[f"{ratio}durable_floor_p99_rounds"] = [
+            round(d["p99_ms"] / f["p99_ms"], 3)
+            for d, f in zip(samples[(transport, "latency", "durable_floor")], faye_lat, strict=True)
+        ]
+        result[f"{ratio}p99_ratio_vs_durable_floor"] = round(result[f"ours{x}_p99_ms"] / durable[1], 3)
         # The client's share of a core bounds what a faster server could show it: its rate if never idle.
         ceiling = statistics.median(client_ceiling(r["msgs_per_s"], r["client_busy"]) for r in ours)
         result[f"{ratio}client_ceiling_vs_faye"] = round(ceiling / result[f"faye{x}_msgs_per_s"], 3)
@@ -179,6 +195,10 @@ def main() -> None:
         rows.append((f"{prefix}floor_ratio_vs_faye", f"{result[prefix + 'floor_ratio_vs_faye']}", ""))
         rows.append((f"{prefix}floor_p99_ratio_vs_faye", f"{result[prefix + 'floor_p99_ratio_vs_faye']}", ""))
         rows.append((f"{prefix}throughput_ratio_vs_floor", f"{result[prefix + 'throughput_ratio_vs_floor']}", ""))
+        for key in ("durable_floor_ratio_vs_faye", "durable_floor_p99_ratio_vs_faye"):
+            rows.append((f"{prefix}{key}", f"{result[prefix + key]}", ""))
+        rows.append((f"  per round ({name})", ", ".join(map(str, result[prefix + "durable_floor_p99_rounds"])), ""))
+        rows.append((f"{prefix}p99_ratio_vs_durable_floor", f"{result[prefix + 'p99_ratio_vs_durable_floor']}", ""))
         rows.append((f"{prefix}client_ceiling_vs_faye", f"{result[prefix + 'client_ceiling_vs_faye']}", ""))
     batching = ", autoBatch" if args.auto_batch else ""
     title = f"Bayeux with the CometD client{batching}: {count:,} messages, latency at {args.rate}/s ({result['scale']})"

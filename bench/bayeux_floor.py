@@ -1,6 +1,6 @@
 """The least a Bayeux server on our HTTP stack can do, for bench/bayeux.py's floor: what Faye does.
 
-    python bench/bayeux_floor.py PORT
+    python bench/bayeux_floor.py PORT [--durable DIR]
 
 A Starlette app served by hypercorn's Trio worker, as our HTTP doors are, that speaks just enough
 Bayeux for the CometD client of bench/node/bayeux_clients.mjs, over long-polling and over WebSocket
@@ -12,11 +12,20 @@ disk and offers no acks (it does not answer the client's `ext.ack`, so the clien
 checks nothing a real server must: no validation of the messages, no limits, no expiry, no
 durability. Its throughput is what the HTTP stack and the JSON codec leave when a server does no
 work of its own, so it bounds what any server on this stack can reach in the same benchmark.
+
+With `--durable DIR` it adds the one step that a durable server cannot skip: a request's or frame's
+publishes reach the disk before anyone sees them. Its JSON is appended to a file in DIR, written
+full of zeros at start as our journal's files are (an `fdatasync` into never-written space also
+commits the file system's journal, which costs more), and `fdatasync`ed on the event loop before
+the fan-out and the answer, as ours does for a small commit. That bounds what a server that
+delivers only what is on disk can reach on this stack and this disk.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import secrets
 import sys
 from pathlib import Path
@@ -36,6 +45,26 @@ from streaming.http_listener import set_websocket_compression
 
 _ADVICE = {"reconnect": "retry", "interval": 0, "timeout": 30000}
 _HOLD_S = 30.0
+_LOG_BYTES = 64 << 20  # the durable log wraps around at this size: rewriting written space costs the same
+
+
+class _Log:
+    """Publishes made durable before they are seen: appended, then `fdatasync`ed."""
+
+    def __init__(self, directory: Path) -> None:
+        self._fd = os.open(directory / "floor-log", os.O_RDWR | os.O_CREAT)
+        zeros = bytes(1 << 20)
+        for offset in range(0, _LOG_BYTES, len(zeros)):
+            os.pwrite(self._fd, zeros, offset)
+        os.fsync(self._fd)
+        self._offset = 0
+
+    def append(self, record: bytes) -> None:
+        if self._offset + len(record) > _LOG_BYTES:
+            self._offset = 0
+        os.pwrite(self._fd, record, self._offset)
+        self._offset += len(record)
+        os.fdatasync(self._fd)
 
 
 class _Session:
@@ -45,14 +74,23 @@ class _Session:
 
 
 class FloorBayeux:
-    def __init__(self) -> None:
+    def __init__(self, log: _Log | None) -> None:
         self.sessions: dict[str, _Session] = {}
         self.subscribers: dict[str, list[_Session]] = {}
         self.next_id = 0
+        self.log = log
+
+    def _persist(self, text: bytes, messages: list[dict[str, Any]]) -> None:
+        """With a log, a request's publishes (its whole text, as it came) on disk before they fan out."""
+        if self.log is not None and any(not m["channel"].startswith("/meta/") for m in messages):
+            self.log.append(text)
 
     async def post(self, request: Request) -> Response:
         out: list[dict[str, Any]] = []
-        for message in json.loads(await request.body()):
+        body = await request.body()
+        messages = json.loads(body)
+        self._persist(body, messages)
+        for message in messages:
             out.extend(await self._one(message))
         return Response(json.dumps(out, separators=(",", ":")), media_type="application/json")
 
@@ -70,9 +108,11 @@ class FloorBayeux:
         async with trio.open_nursery() as nursery:
             while True:
                 try:
-                    messages = json.loads(await ws.receive_text())
+                    text = await ws.receive_text()
                 except WebSocketDisconnect:
                     break
+                messages = json.loads(text)
+                self._persist(text.encode(), messages)
                 if len(messages) == 1 and messages[0].get("channel") == "/meta/connect":
                     nursery.start_soon(answer, messages)  # held: the socket reads on meanwhile
                 else:
@@ -113,11 +153,15 @@ class FloorBayeux:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("port", type=int)
+    parser.add_argument("--durable", type=Path, metavar="DIR", help="publishes on disk before they are seen")
+    args = parser.parse_args()
     config = Config()
-    config.bind = [f"127.0.0.1:{int(sys.argv[1])}"]
+    config.bind = [f"127.0.0.1:{args.port}"]
     config.accesslog = None
     set_websocket_compression(False)
-    floor = FloorBayeux()
+    floor = FloorBayeux(_Log(args.durable) if args.durable else None)
     app = Starlette(routes=[Route("/cometd", floor.post, methods=["POST"]), WebSocketRoute("/cometd", floor.websocket)])
     trio.run(serve, app, config)  # type: ignore[arg-type]
 

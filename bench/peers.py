@@ -130,13 +130,14 @@ def ours(*extra: str, data: Path | None = None, keep: bool = False) -> Iterator[
 @contextmanager
 def http_server(name: str, command: list[str] | None = None) -> Iterator[Server]:
     """A server answering HTTP on `Server.port`: ours with its HTTP client port (`--http_api_port`) when
-    `command` is None, else `command` with "{port}" replaced by that port."""
+    `command` is None, else `command` with "{port}" replaced by that port and "{data}" by a fresh
+    directory of its own."""
     data = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
     port = free_port()
     if command is None:
         cmd = our_command(free_port(), data / "store", "--http_api_port", str(port))
     else:
-        cmd = [part.replace("{port}", str(port)) for part in command]
+        cmd = [part.replace("{port}", str(port)).replace("{data}", str(data)) for part in command]
     with _running(name, cmd, port, data, False) as server:
         yield server
 

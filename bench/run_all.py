@@ -146,6 +146,8 @@ HEADLINES: list[tuple[str, str, str, Check | None]] = [
     ("bayeux", "ws_throughput_ratio_vs_faye", ">= 1.0", lambda v: v >= 1.0),
     ("bayeux", "ws_p99_ratio_vs_faye", "<= 1.5", lambda v: v <= 1.5),
     ("bayeux", "ws_client_ceiling_vs_faye", "", None),
+    ("bayeux", "ws_durable_floor_p99_ratio_vs_faye", "", None),
+    ("bayeux", "ws_p99_ratio_vs_durable_floor", "", None),
     ("rest", "ceiling_requests_per_s", "", None),
     ("rest", "pull_ack_msgs_per_s", "", None),
     ("rest", "publish_msgs_per_s", "", None),
