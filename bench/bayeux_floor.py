@@ -80,10 +80,10 @@ class FloorBayeux:
         self.next_id = 0
         self.log = log
 
-    def _persist(self, text: bytes, messages: list[dict[str, Any]]) -> None:
+    def _persist(self, text: str | bytes, messages: list[dict[str, Any]]) -> None:
         """With a log, a request's publishes (its whole text, as it came) on disk before they fan out."""
         if self.log is not None and any(not m["channel"].startswith("/meta/") for m in messages):
-            self.log.append(text)
+            self.log.append(text.encode() if isinstance(text, str) else text)
 
     async def post(self, request: Request) -> Response:
         out: list[dict[str, Any]] = []
@@ -112,7 +112,7 @@ class FloorBayeux:
                 except WebSocketDisconnect:
                     break
                 messages = json.loads(text)
-                self._persist(text.encode(), messages)
+                self._persist(text, messages)
                 if len(messages) == 1 and messages[0].get("channel") == "/meta/connect":
                     nursery.start_soon(answer, messages)  # held: the socket reads on meanwhile
                 else:
