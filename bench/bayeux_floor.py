@@ -14,10 +14,9 @@ durability. Its throughput is what the HTTP stack and the JSON codec leave when 
 work of its own, so it bounds what any server on this stack can reach in the same benchmark.
 
 With `--durable DIR` it adds the one step that a durable server cannot skip: a request's or frame's
-publishes reach the disk before anyone sees them. Its JSON is appended to a file in DIR, written
-full of zeros at start as our journal's files are (an `fdatasync` into never-written space also
-commits the file system's journal, which costs more), and `fdatasync`ed on the event loop before
-the fan-out and the answer, as ours does for a small commit. That bounds what a server that
+publishes reach the disk before anyone sees them. Its JSON is appended to a file in DIR and
+`fdatasync`ed on the event loop (`bench/floor_log.py`) before the fan-out and the answer, as ours
+does for a small commit. That bounds what a server that
 delivers only what is on disk can reach on this stack and this disk.
 """
 
@@ -25,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import secrets
 import sys
 from pathlib import Path
@@ -41,30 +39,11 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.floor_log import FloorLog
 from streaming.http_listener import set_websocket_compression
 
 _ADVICE = {"reconnect": "retry", "interval": 0, "timeout": 30000}
 _HOLD_S = 30.0
-_LOG_BYTES = 64 << 20  # the durable log wraps around at this size: rewriting written space costs the same
-
-
-class _Log:
-    """Publishes made durable before they are seen: appended, then `fdatasync`ed."""
-
-    def __init__(self, directory: Path) -> None:
-        self._fd = os.open(directory / "floor-log", os.O_RDWR | os.O_CREAT)
-        zeros = bytes(1 << 20)
-        for offset in range(0, _LOG_BYTES, len(zeros)):
-            os.pwrite(self._fd, zeros, offset)
-        os.fsync(self._fd)
-        self._offset = 0
-
-    def append(self, record: bytes) -> None:
-        if self._offset + len(record) > _LOG_BYTES:
-            self._offset = 0
-        os.pwrite(self._fd, record, self._offset)
-        self._offset += len(record)
-        os.fdatasync(self._fd)
 
 
 class _Session:
@@ -74,7 +53,7 @@ class _Session:
 
 
 class FloorBayeux:
-    def __init__(self, log: _Log | None) -> None:
+    def __init__(self, log: FloorLog | None) -> None:
         self.sessions: dict[str, _Session] = {}
         self.subscribers: dict[str, list[_Session]] = {}
         self.next_id = 0
@@ -161,7 +140,7 @@ def main() -> None:
     config.bind = [f"127.0.0.1:{args.port}"]
     config.accesslog = None
     set_websocket_compression(False)
-    floor = FloorBayeux(_Log(args.durable) if args.durable else None)
+    floor = FloorBayeux(FloorLog(args.durable / "floor-log") if args.durable else None)
     app = Starlette(routes=[Route("/cometd", floor.post, methods=["POST"]), WebSocketRoute("/cometd", floor.websocket)])
     trio.run(serve, app, config)  # type: ignore[arg-type]
 

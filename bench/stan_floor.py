@@ -8,8 +8,8 @@ first message) and ack, and for `bench.peers.wait_stan` to see it answer. Per me
 what any server of this protocol on this stack has to, each step done the cheapest way the server
 itself does it:
 - a publish: find and split its PUB frame, decode the PubMsg, keep the payload in a list and the
-  PubMsg's bytes in a preallocated file (one write and one fdatasync per read of a connection, as a
-  group commit), then encode its PubAck and frame it with the others of that read;
+  PubMsg's bytes in a file (`bench/floor_log.py`: one write and one fdatasync per read of a
+  connection, as a group commit), then encode its PubAck and frame it with the others of that read;
 - a delivery: encode its MsgProto (one message object re-filled), frame a run of them in one join;
 - an ack: find and split its PUB frame, decode the Ack, drop the sequence from the subscription's
   pending set, and send what the room it made lets through.
@@ -23,7 +23,6 @@ its CPU per message against nats-streaming-server's is about the least a server 
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.floor_log import FloorLog
 from streaming.wire.nats import encode_msgs
 from streaming.wire.stan_pb import protocol_pb2 as pb
 
@@ -45,7 +45,6 @@ _REQUESTS = {
     "subclose": "_STAN.subclose.floor",
     "ping": "_STAN.ping.floor",
 }
-_PREALLOCATED = 256 << 20
 
 
 class Conn:
@@ -89,10 +88,7 @@ class Channel:
 
 class Floor:
     def __init__(self, directory: Path) -> None:
-        self._fd = os.open(directory / "floor-journal", os.O_RDWR | os.O_CREAT)
-        os.posix_fallocate(self._fd, 0, _PREALLOCATED)
-        os.fsync(self._fd)
-        self._offset = 0
+        self._log = FloorLog(directory / "floor-journal")
         self._routes: dict[bytes, tuple[Conn, str]] = {}  # literal subject -> receiver
         self._wildcards: dict[bytes, tuple[Conn, str]] = {}  # "<prefix>" of "<prefix>.*" -> receiver
         self._channels: dict[str, Channel] = {}
@@ -247,9 +243,7 @@ class Floor:
         if self._records:
             record = b"".join(self._records)
             self._records = []
-            os.pwrite(self._fd, record, self._offset)
-            self._offset += len(record)
-            os.fdatasync(self._fd)
+            self._log.append(record)
         if self._replies:
             for to, payloads in self._replies.items():
                 receiver = self._routes.get(to) or self._wildcards.get(to.rpartition(b".")[0])
